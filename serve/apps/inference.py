@@ -1,0 +1,109 @@
+"""The inference API (port 8080): ``/ping``, ``/predictions`` and ``/explanations``."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from serve.apps.common import (
+    EXCEPTION_HANDLERS,
+    NO_CACHE_HEADERS,
+    ServerState,
+    error_response,
+    json_response,
+    request_id,
+)
+from serve.errors import BadRequest, ServeError
+from serve.inputs import read_params
+from serve.openapi import inference_description
+from serve.worker.process import BatchItem, ItemResult
+
+TIMEOUT_HEADER = "x-request-timeout"  # seconds; a per-request deadline below responseTimeout
+
+
+def create_inference_app(
+    state: ServerState, extra_routes: list[BaseRoute] | None = None
+) -> Starlette:
+    """The inference app; protocol modules add their routes through ``extra_routes``."""
+
+    async def ping(request: Request) -> Response:
+        healthy = state.registry.is_healthy()
+        return json_response(
+            {"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500
+        )
+
+    async def describe_api(request: Request) -> Response:
+        return json_response(inference_description(state.version))
+
+    async def predict(request: Request) -> Response:
+        return await _infer(request, explain=False)
+
+    async def explain(request: Request) -> Response:
+        return await _infer(request, explain=True)
+
+    async def _infer(request: Request, *, explain: bool) -> Response:
+        rid = request_id(request)
+        path = request.path_params
+        name, version = path["model"], path.get("version")
+        started = time.perf_counter()
+        status = 500
+        model_version = version or "default"
+        try:
+            model = state.registry.get(name, version)
+            params = await read_params(request, state.config.max_request_size)
+            headers = dict(request.headers)
+            if path.get("rest"):
+                headers["url_path"] = path["rest"]
+            if explain:
+                headers["explain"] = "True"
+            item = BatchItem(rid, headers, params)
+            result = await model.submit(item, _timeout(request))
+            status = result.status
+            return _result_response(result, rid, state.config.max_response_size)
+        except ServeError as err:
+            status = err.status_code
+            return error_response(err, rid)
+        finally:
+            state.metrics.request_done(name, model_version, status, time.perf_counter() - started)
+
+    routes: list[BaseRoute] = [
+        Route("/ping", ping, methods=["GET"]),
+        Route("/", describe_api, methods=["OPTIONS"]),
+        Route("/api-description", describe_api, methods=["GET"]),
+    ]
+    for prefix, endpoint in (("/predictions", predict), ("/explanations", explain)):
+        routes += [
+            Route(prefix + "/{model}", endpoint, methods=["POST", "PUT"]),
+            Route(prefix + "/{model}/{version}", endpoint, methods=["POST", "PUT"]),
+            Route(prefix + "/{model}/{version}/{rest:path}", endpoint, methods=["POST", "PUT"]),
+        ]
+    routes += [Route("/predictions/{model}", describe_api, methods=["OPTIONS"])]
+    routes += extra_routes or []
+    return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
+
+
+def _timeout(request: Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"Header {TIMEOUT_HEADER} must be a number of seconds.") from None
+    if value <= 0:
+        raise BadRequest(f"Header {TIMEOUT_HEADER} must be positive.")
+    return value
+
+
+def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
+    if len(result.body) > max_size:
+        return error_response(
+            ServeError(f"The model's response exceeds max_response_size of {max_size} bytes."), rid
+        )
+    headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
+    media_type = result.content_type or "application/octet-stream"
+    return Response(result.body, status_code=result.status, headers=headers, media_type=media_type)

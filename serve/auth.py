@@ -1,0 +1,156 @@
+"""Token authorisation as TorchServe 0.12 has it, answering 401 instead of its 400.
+
+``key_file.json`` holds three keys: ``management`` and ``inference`` (each with an expiration time)
+and ``API`` (no expiry; only for ``GET /token?type=...`` rotation on the management port). Clients send
+``Authorization: Bearer <key>``. Health, readiness and API-description routes never need a token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serve.config import Config
+from serve.errors import BadRequest, ServeError, Unauthorized, error_body
+
+Scope = dict[str, Any]
+
+_OPEN_PATHS = re.compile(
+    r"^/(ping|api-description|v2/health/(live|ready)|v2/models/[^/]+(/versions/[^/]+)?/ready"
+    r"|v2/?)$"
+)
+_FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
+
+
+@dataclass
+class _Key:
+    key: str
+    expires: dt.datetime | None
+
+    def matches(self, given: str) -> bool:
+        if self.expires is not None and dt.datetime.now(dt.timezone.utc) >= self.expires:
+            return False
+        return hmac.compare_digest(self.key.encode(), given.encode())
+
+    def as_json(self) -> dict[str, str]:
+        data = {"key": self.key}
+        if self.expires is not None:
+            data["expiration time"] = self.expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return data
+
+
+class TokenAuth:
+    """The three keys, the key file and the ASGI guard that checks them."""
+
+    def __init__(self, key_file: Path, ttl_minutes: float) -> None:
+        self.key_file = key_file
+        self.ttl = dt.timedelta(minutes=ttl_minutes)
+        self.keys = {
+            "management": self._new_key(expiring=True),
+            "inference": self._new_key(expiring=True),
+            "API": self._new_key(expiring=False),
+        }
+        self._write()
+
+    @classmethod
+    def create(cls, config: Config) -> TokenAuth:
+        return cls(Path(config.key_file).resolve(), config.token_expiration_min)
+
+    def _new_key(self, *, expiring: bool) -> _Key:
+        expires = dt.datetime.now(dt.timezone.utc) + self.ttl if expiring else None
+        return _Key(secrets.token_urlsafe(6), expires)
+
+    def _write(self) -> None:
+        data = {name: key.as_json() for name, key in self.keys.items()}
+        tmp = self.key_file.with_name(f".{self.key_file.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+        os.replace(tmp, self.key_file)
+
+    def remove_key_file(self) -> None:
+        try:
+            self.key_file.unlink()
+        except FileNotFoundError:
+            pass
+
+    def rotate(self, kind: str) -> dict[str, Any]:
+        if kind not in ("management", "inference"):
+            raise BadRequest("Parameter type must be 'management' or 'inference'.")
+        self.keys[kind] = self._new_key(expiring=True)
+        self._write()
+        return {kind: self.keys[kind].as_json()}
+
+    def check(self, kind: str, headers: dict[bytes, bytes]) -> None:
+        value = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not self.keys[kind].matches(token.strip()):
+            raise Unauthorized(_FAILED, headers={"WWW-Authenticate": "Bearer"})
+
+    def guard(self, app: Any, kind: str) -> Any:
+        """Wrap an ASGI app so every request but the open ones needs ``kind``'s key."""
+        auth = self
+
+        async def guarded(scope: Scope, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            path = scope["path"]
+            if _OPEN_PATHS.match(path) or (scope["method"] == "OPTIONS" and path == "/"):
+                await app(scope, receive, send)
+                return
+            if kind == "management" and path == "/v1/models" or _is_readiness(kind, path):
+                await app(scope, receive, send)
+                return
+            headers = dict(scope["headers"])
+            try:
+                if kind == "management" and path == "/token":
+                    auth.check("API", headers)
+                    await _send_json(send, 200, auth.rotate(_query_type(scope)))
+                    return
+                auth.check(kind, headers)
+            except ServeError as err:
+                await _send_error(send, err)
+                return
+            await app(scope, receive, send)
+
+        return guarded
+
+
+def _is_readiness(kind: str, path: str) -> bool:
+    # GET /v1/models/{m} on the management port is a readiness probe: never behind a token.
+    return kind == "management" and path.startswith("/v1/models/") and path.count("/") == 3
+
+
+def _query_type(scope: Scope) -> str:
+    from urllib.parse import parse_qs
+
+    values = parse_qs(scope.get("query_string", b"").decode()).get("type", [""])
+    return values[0]
+
+
+async def _send_json(send: Any, status: int, data: Any) -> None:
+    body = (json.dumps(data, indent=2) + "\n").encode()
+    await _send(send, status, body, [])
+
+
+async def _send_error(send: Any, err: ServeError) -> None:
+    extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    await _send(send, err.status_code, error_body(err), extra)
+
+
+async def _send(send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

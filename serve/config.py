@@ -1,0 +1,316 @@
+"""One `Config` for the server and `ModelSettings` for each model version.
+
+Server precedence: defaults < config file (YAML, or TorchServe's ``config.properties``) < environment
+(``LANTERN_<KEY>``) < command-line flags. Model precedence: server defaults < the archive's
+``model-config.yaml`` < registration parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "LANTERN_"
+HttpServer = Literal["hypercorn", "uvicorn"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Server-wide settings. Names are TorchServe's ``config.properties`` keys where one exists."""
+
+    inference_address: str = "http://127.0.0.1:8080"
+    management_address: str = "http://127.0.0.1:8081"
+    metrics_address: str = "http://127.0.0.1:8082"
+    model_store: str | None = None
+    load_models: list[str] = field(default_factory=list)
+    default_workers_per_model: int = 0  # 0: one per visible GPU, else 1 (TorchServe: one per core)
+    job_queue_size: int = 100
+    batch_size: int = 1
+    max_batch_delay: int = 100  # milliseconds
+    default_response_timeout: float = 120.0  # seconds
+    default_startup_timeout: float = 120.0  # seconds
+    unregister_model_timeout: float = 120.0  # seconds
+    max_request_size: int = 6553500
+    max_response_size: int = 6553500
+    enable_model_api: bool = False
+    disable_token_authorization: bool = False
+    token_expiration_min: float = 60.0
+    key_file: str = "key_file.json"
+    allowed_urls: list[str] = field(default_factory=list)
+    download_max_size: int = 1 << 30
+    download_timeout: float = 60.0
+    enable_metrics_api: bool = True
+    number_of_gpu: int | None = None
+    cpu_affinity: bool = False
+    decode_input_request: bool = True
+    limit_max_image_pixels: bool = True
+    blacklist_env_vars: str | None = None
+    log_dir: str = "logs"
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    access_log: bool = True
+    snapshot: bool = True
+    http_server: HttpServer = "hypercorn"
+    drain_timeout: float = 30.0
+    worker_restart_max_backoff: float = 30.0
+    max_retry_timeout_in_sec: float = 300.0
+    work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        config_file: str | os.PathLike[str] | None = None,
+        ts_config_file: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Config:
+        """Build the config in precedence order; raises `ConfigError` naming the bad key."""
+        values: dict[str, Any] = {}
+        if ts_config_file:
+            values.update(read_properties(Path(ts_config_file)))
+        if config_file:
+            values.update(read_yaml_config(Path(config_file)))
+        values.update(_from_env(os.environ if env is None else env))
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Config:
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in known:
+                raise ConfigError(f"Config '{key}' is not a known setting")
+            kwargs[key] = _coerce(key, raw, known[key].type)
+        config = cls(**kwargs)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        for key in ("inference_address", "management_address", "metrics_address"):
+            host_port(getattr(self, key))
+        if self.http_server not in ("hypercorn", "uvicorn"):
+            raise ConfigError("Config 'http_server' must be 'hypercorn' or 'uvicorn'")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("Config 'log_format' must be 'text' or 'json'")
+        for key in ("job_queue_size", "batch_size", "max_request_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"Config '{key}' must be at least 1")
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def default_model_settings(self) -> ModelSettings:
+        return ModelSettings(
+            batch_size=self.batch_size,
+            max_batch_delay=self.max_batch_delay,
+            response_timeout=self.default_response_timeout,
+            startup_timeout=self.default_startup_timeout,
+            job_queue_size=self.job_queue_size,
+        )
+
+
+# Per-model settings: attribute name → model-config.yaml key (TorchServe's camelCase).
+_MODEL_KEYS = {
+    "min_workers": "minWorkers",
+    "max_workers": "maxWorkers",
+    "batch_size": "batchSize",
+    "max_batch_delay": "maxBatchDelay",
+    "response_timeout": "responseTimeout",
+    "startup_timeout": "startupTimeout",
+    "device_type": "deviceType",
+    "device_ids": "deviceIds",
+    "job_queue_size": "jobQueueSize",
+    "hard_timeout": "hardTimeout",
+    "num_threads": "numThreads",
+    "cpu_affinity": "cpuAffinity",
+    "max_retry_timeout_in_sec": "maxRetryTimeoutInSec",
+}
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How one model version is served. Times: batch delay in ms, timeouts in seconds."""
+
+    min_workers: int | None = None
+    max_workers: int | None = None
+    batch_size: int = 1
+    max_batch_delay: int = 100
+    response_timeout: float = 120.0
+    startup_timeout: float = 120.0
+    device_type: str | None = None  # "cpu" or "gpu"
+    device_ids: list[int] | None = None
+    job_queue_size: int = 100
+    hard_timeout: float | None = None  # kill a worker whose batch runs this long; 2× response
+    num_threads: int | None = None  # torch / ONNX Runtime intra-op threads per worker
+    cpu_affinity: bool | None = None
+    max_retry_timeout_in_sec: float = 300.0
+
+    def merged(self, values: Mapping[str, Any]) -> ModelSettings:
+        """These settings with ``values`` (attribute or camelCase names) laid over them."""
+        by_yaml = {v: k for k, v in _MODEL_KEYS.items()}
+        types = {f.name: f.type for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for key, raw in values.items():
+            name = by_yaml.get(key, key)
+            if name not in types or raw is None:
+                continue
+            try:
+                changes[name] = _coerce(name, raw, types[name])
+            except ConfigError as exc:
+                # TorchServe logs and ignores a wrong type in model-config.yaml; we say so.
+                logger.warning("Ignoring model setting %s: %s", key, exc)
+        settings = dataclasses.replace(self, **changes)
+        if settings.batch_size < 1:
+            settings = dataclasses.replace(settings, batch_size=1)
+        return settings
+
+    @property
+    def effective_hard_timeout(self) -> float:
+        return self.hard_timeout if self.hard_timeout else 2 * self.response_timeout
+
+    def as_yaml_dict(self) -> dict[str, Any]:
+        return {
+            _MODEL_KEYS[f.name]: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """``http://127.0.0.1:8080`` or ``127.0.0.1:8080`` → (host, port)."""
+    text = address if "://" in address else f"http://{address}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise ConfigError(f"Address '{address}' must look like http://HOST:PORT")
+    return parts.hostname, parts.port
+
+
+def read_yaml_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path} must hold a mapping of settings")
+    return data
+
+
+# TorchServe keys that have no meaning here: accepted and ignored with a log line.
+_TS_IGNORED = {
+    "vmargs",
+    "number_of_netty_threads",
+    "netty_client_threads",
+    "async_logging",
+    "prefer_direct_buffer",
+    "use_native_io",
+    "io_ratio",
+    "initial_worker_port",
+    "initial_distribution_port",
+    "metrics_mode",
+    "metrics_config",
+    "model_metrics_auto_detect",
+    "disable_system_metrics",
+    "enable_envvars_config",
+    "install_py_dep_per_model",
+    "workflow_store",
+    "models",
+    "model_snapshot",
+    "service_envelope",
+    "ts_open_inference_protocol",
+    "use_env_allowed_urls",
+}
+_TS_RENAMED = {"default_response_timeout": "default_response_timeout"}
+
+
+def read_properties(path: Path) -> dict[str, Any]:
+    """The keys of a TorchServe ``config.properties`` that apply to Lantern."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    raw: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if sep < 0:
+            continue
+        raw[line[:sep].strip()] = line[sep + 1 :].strip()
+    known = {f.name for f in fields(Config)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        key = _TS_RENAMED.get(key, key)
+        if key == "allowed_urls":
+            values[key] = [p.strip() for p in value.split(",") if p.strip()]
+        elif key == "load_models":
+            values[key] = [m.strip() for m in value.split(",") if m.strip()]
+        elif key in known:
+            values[key] = value
+        elif key not in _TS_IGNORED:
+            logger.warning("config.properties key %r is not used by Lantern", key)
+    return values
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    known = {f.name for f in fields(Config)}
+    values: dict[str, Any] = {}
+    for name, value in env.items():
+        if name.startswith(ENV_PREFIX):
+            key = name[len(ENV_PREFIX) :].lower()
+            if key in known:
+                values[key] = value
+    return values
+
+
+def _coerce(key: str, raw: Any, annotation: Any) -> Any:
+    kind = str(annotation)
+    try:
+        if kind.startswith("bool"):
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null")):
+            if "None" in kind:
+                return None
+            raise ValueError(raw)
+        if kind.startswith("int"):
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError(raw)
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        if kind.startswith("list"):
+            if isinstance(raw, str):
+                text = raw.strip()
+                items = json.loads(text) if text.startswith("[") else text.split(",")
+            else:
+                items = list(raw)
+            if "int" in kind:
+                return [int(i) for i in items]
+            return [str(i).strip() for i in items if str(i).strip()]
+        return raw if not isinstance(raw, str) else raw.strip()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"Config '{key}' has a value of the wrong type: {raw!r}") from exc

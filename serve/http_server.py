@@ -1,0 +1,93 @@
+"""Run ASGI apps on already-bound sockets with hypercorn (default) or uvicorn, in one event loop.
+
+Both stop on one shared event; the signal handlers are the caller's, never the servers' own (each
+hypercorn ``serve()`` would otherwise replace the previous one's handler and leave a server running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Generator, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Binding = tuple[Any, socket.socket]
+
+
+async def run_servers(
+    bindings: Sequence[Binding], kind: str, stop: asyncio.Event, graceful_timeout: float
+) -> None:
+    """Serve every ``(app, socket)`` until ``stop`` is set, then close gracefully."""
+    runner = _run_uvicorn if kind == "uvicorn" else _run_hypercorn
+    await asyncio.gather(*(runner(app, sock, stop, graceful_timeout) for app, sock in bindings))
+
+
+async def _run_hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = grace
+    config.keep_alive_timeout = 75.0
+    await serve(app, config, shutdown_trigger=stop.wait, mode="asgi")
+
+
+async def _run_uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
+    try:
+        import uvicorn
+    except ImportError as exc:  # the optional extra is not installed
+        raise RuntimeError(
+            "http_server 'uvicorn' needs the uvicorn extra: pip install 'lantern-serve[uvicorn]'"
+        ) from exc
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            yield  # our caller owns the signal handlers
+
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=grace,
+        timeout_keep_alive=75,
+        http="httptools" if _has("httptools") else "h11",
+    )
+    server = _Server(config)
+
+    async def _stopper() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    stopper = asyncio.create_task(_stopper())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        stopper.cancel()
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free one (read it back with getsockname)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,185 @@
+"""The worker process: load one model's handler, then answer batches over a Unix socket.
+
+Started by the frontend as ``python -m serve.worker SPEC_JSON``. It knows nothing of HTTP: a PREDICT
+frame carries each request's id, headers and parameters; the RESULT frame carries one encoded result
+(or error) per request, the handler's phase timings and its custom metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from serve.protocol import Frame, FrameDecoder, MsgType, encode
+
+logger = logging.getLogger("serve.worker")
+
+
+class Connection:
+    """Blocking frame I/O on the worker's socket."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.decoder = FrameDecoder()
+        self.ready: list[Frame] = []
+
+    def send(self, frame: Frame) -> None:
+        self.sock.sendall(b"".join(encode(frame)))
+
+    def receive(self) -> Frame | None:
+        while not self.ready:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                return None
+            self.ready.extend(self.decoder.feed(data))
+        return self.ready.pop(0)
+
+
+def _apply_cpu_settings(spec: dict[str, Any]) -> None:
+    cpus = spec.get("cpu_affinity")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cpus))
+    threads = spec.get("num_threads")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set by an earlier import-time parallel region
+            pass
+
+
+def load(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """Build the context and load the handler named by the spec (or its manifest)."""
+    from handlers.compat import install_ts_alias
+    from handlers.context import Context
+    from handlers.metrics import MetricsStore
+    from handlers.service import load_service
+
+    install_ts_alias()
+    manifest = spec["manifest"]
+    context = Context(
+        spec["model_name"],
+        spec["model_dir"],
+        manifest,
+        spec["batch_size"],
+        spec.get("gpu_id"),
+        spec.get("server_version", "0.1.0"),
+        limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
+        metrics=MetricsStore(model_name=spec["model_name"]),
+        model_yaml_config=spec.get("model_yaml_config") or {},
+        num_threads=spec.get("num_threads"),
+    )
+    service = load_service(spec["model_dir"], manifest, context, handler=spec.get("handler"))
+    return service, context
+
+
+def _error_status(exc: BaseException) -> tuple[int, str]:
+    from handlers.exceptions import PredictionException
+
+    if isinstance(exc, PredictionException):
+        return int(getattr(exc, "error_code", 500) or 500), "PredictionException"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return 507, "OutOfResources"
+    return 500, type(exc).__name__
+
+
+def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
+    """Run one PREDICT frame through the handler and build its RESULT frame."""
+    from handlers.context import RequestProcessor
+    from handlers.inputs import decode_value
+    from handlers.output import encode_output
+
+    requests = frame.meta["requests"]
+    batch: list[dict[str, Any]] = []
+    payloads = iter(frame.payloads)
+    for req in requests:
+        row: dict[str, Any] = {}
+        for name, content_type in req["params"]:
+            raw = next(payloads)
+            value = decode_value(raw, content_type) if decode else raw
+            if name in row:  # several files under one form field arrive as a list
+                prev = row[name]
+                row[name] = [*prev, value] if isinstance(prev, list) else [prev, value]
+            else:
+                row[name] = value
+        batch.append(row)
+    context.request_ids = {i: req["id"] for i, req in enumerate(requests)}
+    context.request_processor = [RequestProcessor(req["headers"]) for req in requests]
+    context.handler_timings = {}
+    started = time.perf_counter()
+    items: list[dict[str, Any]] = []
+    bodies: list[bytes] = []
+    try:
+        results = service.predict(batch, context)
+        for i, result in enumerate(results):
+            body, content_type = encode_output(result)
+            proc = context.request_processor[i]
+            items.append(
+                {
+                    "status": proc.get_response_status_code() or 200,
+                    "ct": context.get_response_content_type(i) or content_type,
+                    "headers": dict(proc.get_response_headers() or {}),
+                }
+            )
+            bodies.append(body)
+    except Exception as exc:  # a handler bug must not end the worker
+        code, kind = _error_status(exc)
+        ids = ", ".join(req["id"] for req in requests)
+        logger.error(
+            "Handler raised %s for request(s) %s\n%s", kind, ids, traceback.format_exc().rstrip()
+        )
+        message = str(exc) or kind
+        if kind != "PredictionException":
+            message = f"{kind}: {message}"
+        items = [
+            {"error": {"code": code, "type": kind, "message": message, "request_id": req["id"]}}
+            for req in requests
+        ]
+        bodies = [b""] * len(requests)
+    timings = dict(getattr(context, "handler_timings", None) or {})
+    timings["handler"] = time.perf_counter() - started
+    meta = {"items": items, "timings": timings, "metrics": context.metrics.drain()}
+    return Frame(MsgType.RESULT, frame.seq, meta, tuple(bodies))
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[1])
+    logging.basicConfig(
+        level=spec.get("log_level", "INFO"), stream=sys.stderr, format="%(levelname)s %(message)s"
+    )
+    # The frontend stops us with SHUTDOWN or SIGTERM; Ctrl-C in a foreground server must not
+    # kill workers before the frontend drains them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(spec["socket"])
+    conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
+    try:
+        _apply_cpu_settings(spec)
+        service, context = load(spec)
+    except BaseException as exc:
+        logger.error("Failed to load the model:\n%s", traceback.format_exc().rstrip())
+        meta = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
+        conn.send(Frame(MsgType.LOAD_FAILED, 0, meta))
+        return 1
+    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid()}))
+    decode = spec.get("decode_input_request", True)
+    while True:
+        frame = conn.receive()
+        if frame is None or frame.type == MsgType.SHUTDOWN:
+            return 0
+        if frame.type == MsgType.PREDICT:
+            conn.send(run_batch(service, context, frame, decode))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,284 @@
+"""The frontend's handle on one worker process: start it, send it batches, see it die."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from serve.errors import ServeError, WorkerDied
+from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode
+
+logger = logging.getLogger(__name__)
+model_logger = logging.getLogger("serve.worker")
+
+
+class WorkerState(enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BUSY = "BUSY"
+    STOPPING = "STOPPING"
+    DEAD = "DEAD"
+
+
+class WorkerStartFailed(ServeError):
+    error_type = "WorkerStartFailed"
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """What the worker needs of one request."""
+
+    request_id: str
+    headers: dict[str, str]
+    params: list[tuple[str, str | None, bytes]]
+
+
+@dataclass(slots=True)
+class ItemResult:
+    status: int
+    body: bytes
+    content_type: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """One result or error per item, with the worker's timings and custom metrics."""
+
+    results: list[ItemResult | ServeError]
+    timings: dict[str, float]
+    metrics: list[dict[str, Any]]
+
+
+class WorkerProcess:
+    """One ``python -m serve.worker`` subprocess and its socket."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        spec: dict[str, Any],
+        socket_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        log_extra: dict[str, str] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.spec = spec
+        self.socket_path = socket_dir / f"{worker_id}.sock"
+        self.env = env
+        self.log_prefix = " ".join(f"{k}={v}" for k, v in (log_extra or {}).items())
+        self.state = WorkerState.STARTING
+        self.pid: int | None = None
+        self.started_at = time.time()
+        self.gpu_id: int | None = spec.get("gpu_id")
+        self.proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._seq = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._exited = asyncio.Event()
+        self.exit_code: int | None = None
+
+    async def start(self, timeout: float) -> None:
+        """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
+        connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+        connected = asyncio.get_running_loop().create_future()
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if not connected.done():
+                connected.set_result((reader, writer))
+            else:
+                writer.close()
+
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = await asyncio.start_unix_server(on_connect, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        spec = dict(self.spec, socket=str(self.socket_path), worker_id=self.worker_id)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "serve.worker",
+                json.dumps(spec),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches the frontend only
+            )
+            self.pid = self.proc.pid
+            self._tasks = [
+                asyncio.create_task(self._pipe_log(self.proc.stdout, logging.INFO)),
+                asyncio.create_task(self._pipe_log(self.proc.stderr, logging.INFO)),
+                asyncio.create_task(self._watch_exit()),
+            ]
+            reader, writer = await self._await_or_exit(connected, timeout)
+            self._writer = writer
+            decoder = FrameDecoder()
+            deadline = time.monotonic() + timeout
+            loaded = await self._await_or_exit(
+                self._read_until_loaded(reader, decoder), max(0.1, deadline - time.monotonic())
+            )
+            if loaded.type == MsgType.LOAD_FAILED:
+                raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
+            self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
+            self.state = WorkerState.READY
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+
+    async def _await_or_exit(self, awaitable: Any, timeout: float) -> Any:
+        task = asyncio.ensure_future(awaitable)
+        exited = asyncio.create_task(self._exited.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, exited}, timeout=timeout, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            exited.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        if exited in done:
+            raise WorkerStartFailed(
+                f"worker {self.worker_id} exited with code {self.exit_code} while loading"
+            )
+        raise WorkerStartFailed(f"worker {self.worker_id} did not load within {timeout:g} s")
+
+    async def _read_until_loaded(
+        self, reader: asyncio.StreamReader, decoder: FrameDecoder
+    ) -> Frame:
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                raise WorkerStartFailed(f"worker {self.worker_id} closed its socket while loading")
+            for frame in decoder.feed(data):
+                if frame.type in (MsgType.LOADED, MsgType.LOAD_FAILED):
+                    return frame
+
+    async def _read_results(self, reader: asyncio.StreamReader, decoder: FrameDecoder) -> None:
+        try:
+            while data := await reader.read(1 << 20):
+                for frame in decoder.feed(data):
+                    future = self._pending.pop(frame.seq, None)
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+        except (ConnectionError, ProtocolError) as exc:
+            logger.error("Worker %s connection failed: %s", self.worker_id, exc)
+        self._fail_pending()
+        self.kill()
+
+    async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
+        if stream is None:
+            return
+        extra = {"worker_id": self.worker_id}
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            model_logger.log(
+                level, "[%s %s] %s", self.log_prefix, self.worker_id, text, extra=extra
+            )
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None
+        self.exit_code = await self.proc.wait()
+        self.state = WorkerState.DEAD
+        self._exited.set()
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(WorkerDied(f"Worker {self.worker_id} died."))
+
+    async def run_batch(self, items: list[BatchItem]) -> BatchOutcome:
+        """Send one batch and wait for its results; raises `WorkerDied` if the process dies."""
+        if self._writer is None or self.state == WorkerState.DEAD:
+            raise WorkerDied(f"Worker {self.worker_id} is not running.")
+        self._seq += 1
+        seq = self._seq
+        meta = {
+            "requests": [
+                {
+                    "id": it.request_id,
+                    "headers": it.headers,
+                    "params": [[p[0], p[1]] for p in it.params],
+                }
+                for it in items
+            ]
+        }
+        payloads = tuple(p[2] for it in items for p in it.params)
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        try:
+            self._writer.writelines(encode(Frame(MsgType.PREDICT, seq, meta, payloads)))
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            self._pending.pop(seq, None)
+            raise WorkerDied(f"Worker {self.worker_id} died.") from exc
+        frame = await future
+        return _outcome(frame)
+
+    async def wait_exit(self) -> int | None:
+        await self._exited.wait()
+        return self.exit_code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Ask the worker to exit; SIGTERM, then SIGKILL, if it does not."""
+        self.state = WorkerState.STOPPING
+        if self.proc is None:
+            return
+        if self._writer is not None and self.proc.returncode is None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._writer.writelines(encode(Frame(MsgType.SHUTDOWN, 0, {})))
+                await self._writer.drain()
+        for sig, wait in ((None, grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self._exited.wait(), wait)
+                break
+            except asyncio.TimeoutError:
+                continue
+        for task in self._tasks:
+            if not task.done():
+                task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _outcome(frame: Frame) -> BatchOutcome:
+    from serve.errors import error_for_status
+
+    results: list[ItemResult | ServeError] = []
+    for item, body in zip(frame.meta["items"], frame.payloads, strict=True):
+        error = item.get("error")
+        if error:
+            err = error_for_status(error["code"], error["message"], error["type"])
+            results.append(err)
+        else:
+            results.append(
+                ItemResult(item["status"], body, item.get("ct"), item.get("headers") or {})
+            )
+    return BatchOutcome(results, frame.meta.get("timings", {}), frame.meta.get("metrics", []))
