@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -31,7 +32,8 @@ async def _run_hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, gra
     from hypercorn.config import Config
 
     config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
+    # hypercorn takes ownership of the descriptor it is given: hand it a duplicate.
+    config.bind = [f"fd://{os.dup(sock.fileno())}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = grace

@@ -6,11 +6,13 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
 if TYPE_CHECKING:
     from serve.batching import Job
     from serve.worker.process import BatchOutcome
+
+disable_created_metrics()  # the *_created series only double the exposition
 
 _LATENCY_BUCKETS = (
     0.0005,

@@ -102,7 +102,8 @@ class Server:
             await drainer
             await self.registry.stop()
             for sock in sockets.values():
-                sock.close()
+                with contextlib.suppress(OSError):
+                    sock.close()
             if self.state.auth is not None:
                 self.state.auth.remove_key_file()
             self._remove_state_file()

@@ -50,10 +50,13 @@ def create_inference_app(
         path = request.path_params
         name, version = path["model"], path.get("version")
         started = time.perf_counter()
+        try:
+            model = state.registry.get(name, version)
+        except ServeError as err:
+            return error_response(err, rid)  # no metric labels for names nobody registered
         status = 500
         model_version = version or "default"
         try:
-            model = state.registry.get(name, version)
             params = await read_params(request, state.config.max_request_size)
             headers = dict(request.headers)
             if path.get("rest"):
