@@ -263,7 +263,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # an exited process its parent has not reaped yet is a zombie: gone for us
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _ping(base: str) -> int | None:

@@ -104,7 +104,10 @@ class Config:
 
     def validate(self) -> None:
         for key in ("inference_address", "management_address", "metrics_address"):
-            host_port(getattr(self, key))
+            try:
+                host_port(getattr(self, key))
+            except ConfigError as exc:
+                raise ConfigError(f"Config '{key}': {exc}") from None
         if self.http_server not in ("hypercorn", "uvicorn"):
             raise ConfigError("Config 'http_server' must be 'hypercorn' or 'uvicorn'")
         if self.log_format not in ("text", "json"):

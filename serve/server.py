@@ -133,14 +133,21 @@ class Server:
             if state is not None:
                 await snapshots.restore(self.registry, state)
                 return
+        # A model that fails to load stays registered, so /ping reports it (TorchServe's /ping
+        # stays blind to such failures).
+        models = []
         for spec in expand_models(self.config.load_models, self.config.model_store):
             name, _, url = spec.rpartition("=")
             try:
-                await self.registry.register(
-                    url, model_name=name or None, loaded_at_startup=True, synchronous=True
-                )
+                models.append(await self.registry.register(
+                    url, model_name=name or None, loaded_at_startup=True, synchronous=False))
             except ServeError as exc:
                 logger.error("Failed to load model %s at startup: %s", spec, exc.message)
+        results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
+        for model, result in zip(models, results, strict=True):
+            if isinstance(result, Exception):
+                logger.error("Model %s version %s failed to load: %s", model.name, model.version,
+                             result)
         if self.config.snapshot:
             snapshots.save(self.registry, self.config)
 

@@ -43,19 +43,22 @@ class Connection:
         return self.ready.pop(0)
 
 
-def _apply_cpu_settings(spec: dict[str, Any]) -> None:
+def _pin_cpus(spec: dict[str, Any]) -> None:
+    """Pin to the CPUs the frontend chose, before any thread pool starts (threads inherit it)."""
     cpus = spec.get("cpu_affinity")
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cpus))
+
+
+def _cap_threads(spec: dict[str, Any]) -> None:
+    """Cap torch's intra-op threads, if the handler uses torch at all."""
     threads = spec.get("num_threads")
-    if threads:
+    # OMP_NUM_THREADS is set in our environment already; torch-free handlers never pay for
+    # importing torch here.
+    if threads and "torch" in sys.modules:
         import torch
 
         torch.set_num_threads(int(threads))
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:  # already set by an earlier import-time parallel region
-            pass
 
 
 def load(spec: dict[str, Any]) -> tuple[Any, Any]:
@@ -163,8 +166,9 @@ def main(argv: list[str]) -> int:
     conn = Connection(spec["socket"])
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
     try:
-        _apply_cpu_settings(spec)
+        _pin_cpus(spec)
         service, context = load(spec)
+        _cap_threads(spec)
     except BaseException as exc:
         logger.error("Failed to load the model:\n%s", traceback.format_exc().rstrip())
         meta = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
