@@ -3,8 +3,8 @@
 The queue is per model version and bounded. A free worker takes the oldest jobs. When several
 workers are free the waiting jobs are spread over them (TorchServe hands everything to one worker).
 A batch that is not full waits for more jobs only while another worker of the model is busy, and
-never past ``max_batch_delay`` counted from the oldest job's arrival: a lone request on an idle model
-is dispatched on the next event-loop tick instead of waiting the whole delay.
+never past ``max_batch_delay`` counted from the oldest job's arrival: a lone request on an
+idle model is dispatched on the next event-loop tick instead of waiting the whole delay.
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def status(pid_file: str | None) -> None:
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
@@ -296,7 +296,8 @@ def _get_json(url: str, token: str | None) -> Any:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        raise click.ClickException(f"{url}: HTTP {exc.code} {exc.read().decode(errors='replace')}")
+        detail = exc.read().decode(errors="replace")
+        raise click.ClickException(f"{url}: HTTP {exc.code} {detail}") from None
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """One `Config` for the server and `ModelSettings` for each model version.
 
-Server precedence: defaults < config file (YAML, or TorchServe's ``config.properties``) < environment
-(``LANTERN_<KEY>``) < command-line flags. Model precedence: server defaults < the archive's
-``model-config.yaml`` < registration parameters.
+Server precedence: defaults < config file (YAML, or TorchServe's ``config.properties``) <
+environment (``LANTERN_<KEY>``) < command-line flags. Model precedence: server defaults < the
+archive's ``model-config.yaml`` < registration parameters.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Run ASGI apps on already-bound sockets with hypercorn (default) or uvicorn, in one event loop.
 
 Both stop on one shared event; the signal handlers are the caller's, never the servers' own (each
-hypercorn ``serve()`` would otherwise replace the previous one's handler and leave a server running).
+hypercorn ``serve()`` would otherwise replace the previous one's handler and leave a server
+running).
 """
 
 from __future__ import annotations

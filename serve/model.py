@@ -338,7 +338,7 @@ class ModelVersion:
         if wait > 0:
             self._delay_timer = asyncio.get_running_loop().call_later(wait, self._schedule)
             return
-        for slot, size in zip(free, sizes):
+        for slot, size in zip(free, sizes, strict=False):
             jobs = self.queue.take(size)
             if not jobs:
                 break
@@ -384,7 +384,7 @@ class ModelVersion:
             if slot.retiring:
                 asyncio.create_task(self._stop_slot(slot))
             self._schedule()
-        for job, result in zip(jobs, outcome.results):
+        for job, result in zip(jobs, outcome.results, strict=True):
             if isinstance(result, ServeError):
                 if result.status_code == 500:
                     result.message = (

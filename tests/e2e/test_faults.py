@@ -18,8 +18,9 @@ from tests.support.server import LanternServer, echo_archive, pid_alive
 
 
 def post(base: str, path: str, body: str, timeout: float = 60) -> httpx.Response:
-    return httpx.post(f"{base}{path}", content=body, headers={"content-type": "text/plain"},
-                      timeout=timeout)
+    return httpx.post(
+        f"{base}{path}", content=body, headers={"content-type": "text/plain"}, timeout=timeout
+    )
 
 
 def is_json_error(resp: httpx.Response) -> bool:
@@ -69,8 +70,9 @@ def test_sigkill_of_a_worker_under_load_loses_no_request(server: LanternServer) 
     assert sum(r.status_code == 200 for r in results) >= 150
     new_pids = wait_for_workers(server, "pair", 2)
     assert victim not in new_pids and survivor in new_pids
-    answered_by = {post(server.inference, "/predictions/pair", "sleep 0.2").json()["pid"]
-                   for _ in range(1)}
+    answered_by = {
+        post(server.inference, "/predictions/pair", "sleep 0.2").json()["pid"] for _ in range(1)
+    }
     assert answered_by <= set(new_pids)
 
 
@@ -121,8 +123,12 @@ def test_serve_stop_finishes_in_flight_requests_then_leaves_no_process(tmp_path:
     for t in threads:
         t.start()
     time.sleep(0.4)  # the requests are on the workers (and one batch queued)
-    stop = subprocess.run([sys.executable, "-m", "serve.cli", "stop", "--pid-file", str(state)],
-                          capture_output=True, text=True, timeout=90)
+    stop = subprocess.run(
+        [sys.executable, "-m", "serve.cli", "stop", "--pid-file", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert stop.returncode == 0, stop.stderr
     for t in threads:
         t.join(30)

@@ -22,16 +22,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
     store.mkdir()
     echo_archive(store, "echo")
     echo_archive(store, "echo_v2", version="2.0")
-    echo_archive(store, "batched", config={"batchSize": 8, "maxBatchDelay": 200,
-                                           "minWorkers": 2, "maxWorkers": 2})
+    echo_archive(
+        store,
+        "batched",
+        config={"batchSize": 8, "maxBatchDelay": 200, "minWorkers": 2, "maxWorkers": 2},
+    )
     echo_archive(store, "tiny_queue", config={"jobQueueSize": 2, "minWorkers": 1})
     echo_archive(store, "no_workers", config={"minWorkers": 0})
     config = work / "config.yaml"
     config.write_text(f"max_request_size: {MAX_REQUEST}\n")
     srv = LanternServer(
-        work, store,
-        ["echo=echo.mar", "echo_v2.mar", "batched=batched.mar", "tiny_queue=tiny_queue.mar",
-         "no_workers=no_workers.mar"],
+        work,
+        store,
+        [
+            "echo=echo.mar",
+            "echo_v2.mar",
+            "batched=batched.mar",
+            "tiny_queue=tiny_queue.mar",
+            "no_workers=no_workers.mar",
+        ],
         args=["--config", str(config)],
     )
     srv.start()
@@ -41,8 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
 
 def post(server: LanternServer, path: str, body: bytes | str = b"", **kwargs) -> httpx.Response:
     headers = kwargs.pop("headers", {"content-type": "text/plain"})
-    return httpx.post(f"{server.inference}{path}", content=body, headers=headers, timeout=30,
-                      **kwargs)
+    return httpx.post(
+        f"{server.inference}{path}", content=body, headers=headers, timeout=30, **kwargs
+    )
 
 
 def assert_error(resp: httpx.Response, status: int) -> dict:
@@ -72,22 +82,30 @@ def test_raw_body_reaches_handler_and_response_carries_ids(server: LanternServer
 
 
 def test_put_like_curl_upload_file(server: LanternServer, kitten: bytes) -> None:
-    resp = httpx.put(f"{server.inference}/predictions/echo", content=kitten,
-                     headers={"content-type": "application/octet-stream"})
+    resp = httpx.put(
+        f"{server.inference}/predictions/echo",
+        content=kitten,
+        headers={"content-type": "application/octet-stream"},
+    )
     assert resp.status_code == 200
     assert resp.json()["echo"].startswith("\ufffd")  # the JPEG bytes arrived as bytes
 
 
 def test_client_request_id_is_kept(server: LanternServer) -> None:
-    resp = post(server, "/predictions/echo", "x", headers={"x-request-id": "trace-42",
-                                                            "content-type": "text/plain"})
+    resp = post(
+        server,
+        "/predictions/echo",
+        "x",
+        headers={"x-request-id": "trace-42", "content-type": "text/plain"},
+    )
     assert resp.headers["x-request-id"] == "trace-42"
     assert resp.json()["request_id"] == "trace-42"
 
 
 def test_query_parameters_and_form_fields_arrive_by_name(server: LanternServer) -> None:
-    resp = httpx.post(f"{server.inference}/predictions/echo?topk=3&mode=fast",
-                      data={"data": "field-value"})
+    resp = httpx.post(
+        f"{server.inference}/predictions/echo?topk=3&mode=fast", data={"data": "field-value"}
+    )
     assert resp.status_code == 200
     body = resp.json()
     assert body["echo"] == "field-value"
@@ -95,16 +113,22 @@ def test_query_parameters_and_form_fields_arrive_by_name(server: LanternServer) 
 
 
 def test_several_files_under_one_field_arrive_together(server: LanternServer) -> None:
-    files = [("data", ("a.txt", b"first", "text/plain")), ("data", ("b.txt", b"second",
-                                                                     "text/plain"))]
+    files = [
+        ("data", ("a.txt", b"first", "text/plain")),
+        ("data", ("b.txt", b"second", "text/plain")),
+    ]
     resp = httpx.post(f"{server.inference}/predictions/echo", files=files)
     assert resp.status_code == 200
     assert resp.json()["echo"] == ["first", "second"]
 
 
 def test_json_body_is_decoded_for_the_handler(server: LanternServer) -> None:
-    resp = post(server, "/predictions/echo", json.dumps({"a": [1, 2]}),
-                headers={"content-type": "application/json"})
+    resp = post(
+        server,
+        "/predictions/echo",
+        json.dumps({"a": [1, 2]}),
+        headers={"content-type": "application/json"},
+    )
     assert resp.json()["echo"] == {"a": [1, 2]}
 
 
@@ -161,8 +185,12 @@ def test_handler_bug_is_500_with_type_and_request_id_and_worker_survives(
 
 def test_deadline_gives_504_and_the_worker_is_not_killed(server: LanternServer) -> None:
     pid = post(server, "/predictions/echo", "ok").json()["pid"]
-    resp = post(server, "/predictions/echo", "sleep 1.5",
-                headers={"content-type": "text/plain", "x-request-timeout": "0.3"})
+    resp = post(
+        server,
+        "/predictions/echo",
+        "sleep 1.5",
+        headers={"content-type": "text/plain", "x-request-timeout": "0.3"},
+    )
     body = assert_error(resp, 504)
     assert resp.headers["x-request-id"] in body["message"]
     after = post(server, "/predictions/echo", "ok")
@@ -170,8 +198,12 @@ def test_deadline_gives_504_and_the_worker_is_not_killed(server: LanternServer) 
 
 
 def test_invalid_timeout_header_is_400(server: LanternServer) -> None:
-    resp = post(server, "/predictions/echo", "x",
-                headers={"content-type": "text/plain", "x-request-timeout": "soon"})
+    resp = post(
+        server,
+        "/predictions/echo",
+        "x",
+        headers={"content-type": "text/plain", "x-request-timeout": "soon"},
+    )
     assert_error(resp, 400)
 
 
@@ -215,8 +247,9 @@ def test_concurrent_requests_form_batches_and_answers_reach_their_callers(
 def test_idle_workers_share_a_burst(server: LanternServer) -> None:
     """Eight requests on two idle workers with batch 8: both workers run some of them."""
     with cf.ThreadPoolExecutor(8) as pool:
-        responses = list(pool.map(lambda i: post(server, "/predictions/batched", "sleep 0.3"),
-                                  range(8)))
+        responses = list(
+            pool.map(lambda i: post(server, "/predictions/batched", "sleep 0.3"), range(8))
+        )
     pids = {r.json()["pid"] for r in responses}
     assert len(pids) == 2
 

@@ -64,8 +64,16 @@ def test_unknown_or_wrong_keys_are_named(tmp_path: Path) -> None:
 
 def test_model_settings_layering_and_camel_case() -> None:
     base = Config.load(env={}).default_model_settings()
-    archive = base.merged({"batchSize": 8, "maxBatchDelay": 50, "minWorkers": 2,
-                           "deviceIds": [0, 1], "responseTimeout": "oops", "someHandlerKey": 1})
+    archive = base.merged(
+        {
+            "batchSize": 8,
+            "maxBatchDelay": 50,
+            "minWorkers": 2,
+            "deviceIds": [0, 1],
+            "responseTimeout": "oops",
+            "someHandlerKey": 1,
+        }
+    )
     assert (archive.batch_size, archive.max_batch_delay, archive.min_workers) == (8, 50, 2)
     assert archive.device_ids == [0, 1]
     assert archive.response_timeout == base.response_timeout  # wrong type ignored, logged

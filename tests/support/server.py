@@ -88,12 +88,25 @@ class LanternServer:
         self.state: dict[str, Any] = {}
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "serve.cli", "start", "--foreground",
-               "--model-store", str(self.model_store), "--pid-file", str(self.state_file),
-               "--log-dir", str(self.log_dir),
-               "--inference-address", "http://127.0.0.1:0",
-               "--management-address", "http://127.0.0.1:0",
-               "--metrics-address", "http://127.0.0.1:0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "serve.cli",
+            "start",
+            "--foreground",
+            "--model-store",
+            str(self.model_store),
+            "--pid-file",
+            str(self.state_file),
+            "--log-dir",
+            str(self.log_dir),
+            "--inference-address",
+            "http://127.0.0.1:0",
+            "--management-address",
+            "http://127.0.0.1:0",
+            "--metrics-address",
+            "http://127.0.0.1:0",
+        ]
         if self.models:
             cmd += ["--models", ",".join(self.models)]
         if not self.token_auth:
@@ -107,13 +120,16 @@ class LanternServer:
     def start(self, *, healthy: bool = True, timeout: float = 120.0) -> LanternServer:
         self.state_file.unlink(missing_ok=True)
         env = dict(os.environ, **(self.env or {}))
-        self.console = open(self.workdir / "console.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(self.command(), cwd=self.workdir, env=env,
-                                     stdout=self.console, stderr=subprocess.STDOUT)
+        self.console = open(self.workdir / "console.log", "ab")
+        self.proc = subprocess.Popen(
+            self.command(), cwd=self.workdir, env=env, stdout=self.console, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.console_text()}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.console_text()}"
+                )
             if self.state_file.exists():
                 self.state = json.loads(self.state_file.read_text())
                 if not healthy or self.ping() == 200:

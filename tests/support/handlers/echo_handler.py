@@ -25,14 +25,19 @@ def handle(data, context):
             time.sleep(float(text.split()[1]))
         if text and text.startswith("status "):
             context.set_response_status(int(text.split()[1]), "set by handler", idx)
-        out.append({
-            "echo": body,
-            "batch": len(data),
-            "pid": os.getpid(),
-            "request_id": context.get_request_id(idx),
-            "url_path": context.get_request_header(idx, "url_path"),
-            "explain": context.get_request_header(idx, "explain"),
-            "query": {k: (v.decode() if isinstance(v, (bytes, bytearray)) else v)
-                      for k, v in row.items() if k not in ("body", "data")},
-        })
+        out.append(
+            {
+                "echo": body,
+                "batch": len(data),
+                "pid": os.getpid(),
+                "request_id": context.get_request_id(idx),
+                "url_path": context.get_request_header(idx, "url_path"),
+                "explain": context.get_request_header(idx, "explain"),
+                "query": {
+                    k: (v.decode() if isinstance(v, (bytes, bytearray)) else v)
+                    for k, v in row.items()
+                    if k not in ("body", "data")
+                },
+            }
+        )
     return out

@@ -1,0 +1,35 @@
+# The two commands a newcomer runs: `make demo` (serve the bundled classifier) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STORE ?= model_store
+MODEL := efficientnet_lite0
+
+.PHONY: install demo stop test lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	$(BIN)/python examples/image_classifier/build.py --model-store $(STORE)
+	$(BIN)/serve start --model-store $(STORE) --models $(MODEL)=$(MODEL).mar --disable-token-auth --ncs
+	@echo
+	@echo "$$ curl -T examples/data/kitten.jpg http://127.0.0.1:8080/predictions/$(MODEL)"
+	@curl -s -T examples/data/kitten.jpg http://127.0.0.1:8080/predictions/$(MODEL)
+	@echo
+	@echo "Lantern keeps serving; stop it with: $(BIN)/serve stop"
+
+stop:
+	$(BIN)/serve stop
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
