@@ -1,0 +1,7 @@
+"""``ts.metrics.dimension``."""
+
+from __future__ import annotations
+
+from handlers.metrics import Dimension
+
+__all__ = ["Dimension"]

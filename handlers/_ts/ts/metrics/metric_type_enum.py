@@ -1,0 +1,7 @@
+"""``ts.metrics.metric_type_enum``."""
+
+from __future__ import annotations
+
+from handlers.metrics import MetricTypes
+
+__all__ = ["MetricTypes"]

@@ -1,0 +1,1 @@
+"""``ts.torch_handler``: TorchServe's default handlers, backed by Lantern's."""
