@@ -43,6 +43,20 @@ class Connection:
         return self.ready.pop(0)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill us if the frontend dies, even mid-batch: no orphaned workers."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() == 1:  # the frontend died before we asked
+            os._exit(1)
+
+
 def _pin_cpus(spec: dict[str, Any]) -> None:
     """Pin to the CPUs the frontend chose, before any thread pool starts (threads inherit it)."""
     cpus = spec.get("cpu_affinity")
@@ -141,7 +155,8 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
         logger.error(
             "Handler raised %s for request(s) %s\n%s", kind, ids, traceback.format_exc().rstrip()
         )
-        message = str(exc) or kind
+        # PredictionException's str() is "msg : code" (TorchServe); clients get the message.
+        message = str(getattr(exc, "message", None) or exc) or kind
         if kind != "PredictionException":
             message = f"{kind}: {message}"
         items = [
@@ -163,6 +178,7 @@ def main(argv: list[str]) -> int:
     # The frontend stops us with SHUTDOWN or SIGTERM; Ctrl-C in a foreground server must not
     # kill workers before the frontend drains them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     conn = Connection(spec["socket"])
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
     try:

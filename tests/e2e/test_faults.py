@@ -139,3 +139,31 @@ def test_serve_stop_finishes_in_flight_requests_then_leaves_no_process(tmp_path:
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{srv.inference}/ping", timeout=2)
     srv.stop()
+
+
+def test_workers_do_not_outlive_a_killed_frontend(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    echo_archive(store, "orphan", config={"minWorkers": 2})
+    srv = LanternServer(tmp_path, store, ["orphan.mar"])
+    srv.start()
+    workers = srv.worker_pids("orphan")
+    assert len(workers) == 2
+
+    def busy() -> None:  # one worker is mid-batch when its frontend dies
+        try:
+            post(srv.inference, "/predictions/orphan", "sleep 30", timeout=15)
+        except httpx.HTTPError:
+            pass
+
+    caller = threading.Thread(target=busy)
+    caller.start()
+    time.sleep(0.5)
+    os.kill(srv.pid, signal.SIGKILL)
+    caller.join(20)
+    srv.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "workers outlived their frontend"
+        time.sleep(0.1)
+    srv.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
         "batched",
         config={"batchSize": 8, "maxBatchDelay": 200, "minWorkers": 2, "maxWorkers": 2},
     )
+    echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
+    echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
     echo_archive(store, "tiny_queue", config={"jobQueueSize": 2, "minWorkers": 1})
     echo_archive(store, "no_workers", config={"minWorkers": 0})
     config = work / "config.yaml"
@@ -39,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
             "echo_v2.mar",
             "batched=batched.mar",
             "tiny_queue=tiny_queue.mar",
+            "pinned.mar",
             "no_workers=no_workers.mar",
         ],
         args=["--config", str(config)],
@@ -285,3 +289,23 @@ def test_ping_turns_unhealthy_when_a_model_fails_to_load(tmp_path: Path) -> None
         assert resp.json() == {"status": "Unhealthy"}
     finally:
         srv.stop()
+
+
+def test_cores_are_divided_among_workers(server: LanternServer) -> None:
+    cores = os.cpu_count() or 1
+    with cf.ThreadPoolExecutor(4) as pool:
+        bodies = [
+            r.json()
+            for r in pool.map(lambda i: post(server, "/predictions/batched", "sleep 0.2"), range(4))
+        ]
+    assert {b["threads"] for b in bodies} == {max(1, cores // 2)}
+    with cf.ThreadPoolExecutor(4) as pool:
+        pinned = [
+            r.json()
+            for r in pool.map(lambda i: post(server, "/predictions/pinned", "sleep 0.2"), range(4))
+        ]
+    by_pid = {b["pid"]: tuple(b["cpus"]) for b in pinned}
+    assert len(by_pid) == 2
+    if cores >= 2:  # each worker has its own share of the cores
+        first, second = by_pid.values()
+        assert not set(first) & set(second)
