@@ -20,6 +20,7 @@ import click
 from serve import __version__
 from serve.config import Config, ConfigError
 
+_DETACHED_ENV = "_LANTERN_DETACHED"
 DEFAULT_STATE_FILE = Path(tempfile.gettempdir()) / ".lantern" / "server.json"
 
 
@@ -76,6 +77,12 @@ def main() -> None:
 @click.option("--management-address", default=None, help="e.g. http://127.0.0.1:8081")
 @click.option("--metrics-address", default=None, help="e.g. http://127.0.0.1:8082")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    default=None,
+    help="Level of the server and model logs (default INFO).",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help="Where the running server's pid and ports are kept.")
 @click.option(
@@ -112,6 +119,7 @@ def _load_config(options: dict[str, Any]) -> Config:
         "management_address": options["management_address"],
         "metrics_address": options["metrics_address"],
         "log_format": options["log_format"],
+        "log_level": options["log_level"],
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
     }
@@ -130,7 +138,14 @@ def _run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
     from serve.logs import setup_logging
     from serve.server import Server
 
-    setup_logging(config.log_dir, level=config.log_level, fmt=config.log_format, console=True)
+    setup_logging(
+        config.log_dir,
+        level=config.log_level,
+        fmt=config.log_format,
+        # A detached server's console is console.log, beside the log files: log only once.
+        console=os.environ.get(_DETACHED_ENV) != "1",
+        access_log=config.access_log,
+    )
 
     async def run() -> None:
         server = Server(config, state_file=state_file, restore_snapshot=restore)
@@ -160,7 +175,12 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
     state_file.unlink(missing_ok=True)
     with open(log_dir / "console.log", "ab") as console:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=console, start_new_session=True
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=console,
+            stderr=console,
+            start_new_session=True,
+            env={**os.environ, _DETACHED_ENV: "1"},
         )
     deadline = time.monotonic() + wait_timeout
     while time.monotonic() < deadline:

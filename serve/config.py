@@ -62,7 +62,7 @@ class Config:
     blacklist_env_vars: str | None = None
     log_dir: str = "logs"
     log_format: Literal["text", "json"] = "text"
-    log_level: str = "INFO"
+    log_level: str = "INFO"  # server and model logs; the access log is on or off (access_log)
     access_log: bool = True
     snapshot: bool = True
     http_server: HttpServer = "hypercorn"
@@ -112,6 +112,8 @@ class Config:
             raise ConfigError("Config 'http_server' must be 'hypercorn' or 'uvicorn'")
         if self.log_format not in ("text", "json"):
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
+        if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         for key in ("job_queue_size", "batch_size", "max_request_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")

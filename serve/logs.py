@@ -1,46 +1,124 @@
-"""Logging presets: the server log, the access log and the model (worker) log."""
+"""Logging presets: the server log, the access log and the model (worker) log.
+
+Files under ``--log-dir``: ``lantern.log`` (everything else), ``access_log.log`` (logger
+``serve.access``, one line per request) and ``model_log.log`` (logger ``serve.worker``: each
+worker's stdout, stderr and Python logging, tagged with model, version and worker id). Plain text
+by default, one JSON object per line with ``log_format: json``.
+
+Workers write each Python log record to stderr as one line, ``WORKER_RECORD_MARK`` + JSON
+(`encode_worker_record`), so that a multi-line traceback reaches the model log as one record with
+its level and request ids; the frontend decodes it with `decode_worker_line`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import logging.config
+import logging.handlers
 import time
 from pathlib import Path
 from typing import Any
 
 ACCESS_LOGGER = "serve.access"
 MODEL_LOGGER = "serve.worker"
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# ASCII record separator: no print() or library output starts a line with it.
+WORKER_RECORD_MARK = "\x1e"
+_MAX_WORKER_MESSAGE = 32_000  # stays well under the frontend's 64 KiB line limit
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger message``; worker records get ``[model version worker]`` first."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+        self._second: tuple[int, str] = (-1, "")  # one tuple: formatters are shared by threads
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # strftime once a second rather than once a record: the access log writes many.
+        second = int(record.created)
+        cached = self._second
+        if cached[0] != second:
+            cached = (second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second)))
+            self._second = cached
+        return f"{cached[1]},{int(record.msecs):03d}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        worker = record.__dict__.get("worker_id")
+        if worker is None:
+            return super().formatMessage(record)
+        message = record.message
+        model, version = record.__dict__.get("model", "-"), record.__dict__.get("version", "-")
+        record.message = f"[{model} {version} {worker}] {message}"
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
+
+_JSON = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=) builds one per call
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the record's ``extra`` fields kept."""
 
-    _SKIP = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+    _SKIP = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second: tuple[int, str] = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        cached = self._second
+        if cached[0] != second:
+            cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+            self._second = cached
+        fields = record.__dict__
         data: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": f"{cached[1]}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
-        data.update({k: v for k, v in vars(record).items() if k not in self._SKIP})
+        for key in fields.keys() - self._SKIP:
+            data[key] = fields[key]
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str)
+        if record.stack_info:
+            data["stack"] = self.formatStack(record.stack_info)
+        return _JSON.encode(data)
+
+
+class LogFile(logging.handlers.WatchedFileHandler):
+    """A file that is reopened after logrotate moves it, checked at most once a second
+    (``WatchedFileHandler`` calls ``os.stat`` for every record)."""
+
+    _checked = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.created - self._checked >= 1.0 or record.created < self._checked:
+            self._checked = record.created
+            self.reopenIfNeeded()
+        logging.FileHandler.emit(self, record)
 
 
 def setup_logging(
-    log_dir: str | Path | None, *, level: str = "INFO", fmt: str = "text", console: bool = True
+    log_dir: str | Path | None,
+    *,
+    level: str = "INFO",
+    fmt: str = "text",
+    console: bool = True,
+    access_log: bool = True,
 ) -> None:
-    """Send server, access and model logs to files under ``log_dir`` (and the console)."""
-    formatter = (
-        {"()": JsonFormatter}
-        if fmt == "json"
-        else {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
-    )
+    """Send server, access and model logs to files under ``log_dir`` (and the console).
+
+    ``level`` applies to the server and model logs; the access log is on (INFO) or off.
+    """
+    level = level.upper()
+    formatter = {"()": JsonFormatter} if fmt == "json" else {"()": TextFormatter}
     handlers: dict[str, dict[str, Any]] = {}
     targets: dict[str, list[str]] = {"root": [], ACCESS_LOGGER: [], MODEL_LOGGER: []}
     if console:
@@ -59,7 +137,7 @@ def setup_logging(
             (MODEL_LOGGER, "model_log.log"),
         ):
             handlers[f"file_{filename}"] = {
-                "class": "logging.handlers.WatchedFileHandler",
+                "class": "serve.logs.LogFile",  # reopens after logrotate
                 "filename": str(Path(log_dir) / filename),
                 "formatter": "main",
             }
@@ -73,16 +151,49 @@ def setup_logging(
             "root": {"level": level, "handlers": targets["root"]},
             "loggers": {
                 ACCESS_LOGGER: {
-                    "level": "INFO",
+                    # Off is above CRITICAL, so isEnabledFor() spares the request path entirely.
+                    "level": "INFO" if access_log else logging.CRITICAL + 1,
                     "handlers": targets[ACCESS_LOGGER],
                     "propagate": False,
                 },
                 MODEL_LOGGER: {
-                    "level": "INFO",
+                    "level": level,
                     "handlers": targets[MODEL_LOGGER],
                     "propagate": False,
                 },
+                # Our own access log replaces the servers' (and costs one log call).
                 "hypercorn.access": {"level": "WARNING"},
+                "uvicorn.access": {"level": "WARNING"},
             },
         }
     )
+
+
+def encode_worker_record(record: logging.LogRecord, formatter: logging.Formatter) -> str:
+    """One worker log record as one line for the frontend (traceback included)."""
+    message = record.getMessage()
+    if record.exc_info:
+        message = f"{message}\n{formatter.formatException(record.exc_info)}"
+    if len(message) > _MAX_WORKER_MESSAGE:
+        message = message[:_MAX_WORKER_MESSAGE] + " [truncated]"
+    data: dict[str, Any] = {"level": record.levelno, "logger": record.name, "message": message}
+    request_ids = record.__dict__.get("request_ids")
+    if request_ids:
+        data["request_ids"] = request_ids
+    return WORKER_RECORD_MARK + json.dumps(data, default=str) + "\n"
+
+
+def decode_worker_line(text: str) -> tuple[int, str, dict[str, Any]] | None:
+    """``(level, message, extra)`` of a line from `encode_worker_record`, else None."""
+    if not text.startswith(WORKER_RECORD_MARK):
+        return None
+    try:
+        data = json.loads(text[len(WORKER_RECORD_MARK) :])
+        level = int(data["level"])
+        message = str(data["message"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    extra: dict[str, Any] = {"worker_logger": str(data.get("logger", ""))}
+    if isinstance(data.get("request_ids"), list):
+        extra["request_ids"] = data["request_ids"]
+    return level, message, extra

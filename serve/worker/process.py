@@ -70,13 +70,11 @@ class WorkerProcess:
         socket_dir: Path,
         *,
         env: dict[str, str] | None = None,
-        log_extra: dict[str, str] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.spec = spec
         self.socket_path = socket_dir / f"{worker_id}.sock"
         self.env = env
-        self.log_prefix = " ".join(f"{k}={v}" for k, v in (log_extra or {}).items())
         self.state = WorkerState.STARTING
         self.pid: int | None = None
         self.started_at = time.time()
@@ -186,12 +184,33 @@ class WorkerProcess:
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:
             return
-        extra = {"worker_id": self.worker_id}
-        while line := await stream.readline():
-            text = line.decode(errors="replace").rstrip()
-            model_logger.log(
-                level, "[%s %s] %s", self.log_prefix, self.worker_id, text, extra=extra
-            )
+        from serve.logs import decode_worker_line
+
+        is_stdout = self.proc is not None and stream is self.proc.stdout
+        extra = {
+            "model": self.spec.get("model_name", "-"),
+            "version": self.spec.get("model_version", "-"),
+            "worker_id": self.worker_id,
+            "stream": "stdout" if is_stdout else "stderr",
+        }
+        while True:
+            try:
+                line = await stream.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial:
+                    return
+                line = exc.partial
+            except asyncio.LimitOverrunError as exc:
+                # A line past the reader's 64 KiB limit arrives in pieces instead of ending this
+                # task (an unread pipe would soon block the worker).
+                line = await stream.read(max(exc.consumed, 1))
+            text = line.decode(errors="replace").rstrip("\r\n")
+            record = decode_worker_line(text)
+            if record is None:  # print() output and anything else not from logging
+                model_logger.log(level, "%s", text, extra=extra)
+            else:
+                record_level, message, fields = record
+                model_logger.log(record_level, "%s", message, extra={**extra, **fields})
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None

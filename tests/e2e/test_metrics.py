@@ -1,0 +1,284 @@
+"""The metrics port against a running server: counters, histograms, gauges, handler metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
+
+OBS = {"model_name": "obs", "model_version": "1.0"}
+MV = {"model": "obs", "version": "1.0"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
+    work = tmp_path_factory.mktemp("metrics")
+    store = work / "store"
+    store.mkdir()
+    build_archive(
+        store,
+        "obs",
+        HANDLERS / "metrics_handler.py",
+        config={"batchSize": 8, "maxBatchDelay": 50, "minWorkers": 1, "maxWorkers": 1},
+    )
+    echo_archive(store, config={"minWorkers": 1, "maxWorkers": 1})
+    srv = LanternServer(work, store, ["obs.mar", "echo.mar"]).start()
+    yield srv
+    srv.stop()
+
+
+def scrape(server: LanternServer, *names: str) -> dict[str, object]:
+    response = httpx.get(
+        f"{server.metrics}/metrics", params=[("name[]", n) for n in names], timeout=10
+    )
+    assert response.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families(response.text)}
+
+
+def value(families: dict[str, object], sample: str, **labels: str) -> float:
+    """The first sample named ``sample`` whose labels include ``labels``; 0 if none yet."""
+    for family in families.values():
+        for s in family.samples:  # type: ignore[attr-defined]
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def predict(server: LanternServer, body: bytes, model: str = "obs") -> httpx.Response:
+    return httpx.post(f"{server.inference}/predictions/{model}", content=body, timeout=30)
+
+
+def test_counters_say_n_after_n_requests(server: LanternServer) -> None:
+    before = scrape(server)
+    n = 6
+    for i in range(n - 1):
+        assert predict(server, f"r{i}".encode()).status_code == 200
+    # An explicit version lands on the same series as the default one.
+    response = httpx.post(f"{server.inference}/predictions/obs/1.0", content=b"v", timeout=30)
+    assert response.status_code == 200
+    after = scrape(server)
+
+    def delta(sample: str, **labels: str) -> float:
+        return value(after, sample, **labels) - value(before, sample, **labels)
+
+    assert delta("ts_inference_requests_total", **OBS) == n
+    assert delta("serve_requests_total", status="200", **MV) == n
+    assert delta("serve_request_duration_seconds_count", **MV) == n
+    # TorchServe sums microseconds: at least the handler's 50 ms sleep per request.
+    assert delta("ts_inference_latency_microseconds_total", **OBS) >= n * 50_000
+    assert delta("ts_queue_latency_microseconds_total", **OBS) >= 0
+    # Requests2XX counts every response on every port: the n predictions and the first scrape.
+    assert delta("Requests2XX_total") == n + 1
+
+
+def test_histogram_buckets_move(server: LanternServer) -> None:
+    before = scrape(server, "serve_request_duration_seconds", "serve_handler_duration_seconds")
+    for i in range(3):
+        assert predict(server, f"h{i}".encode()).status_code == 200
+    after = scrape(server, "serve_request_duration_seconds", "serve_handler_duration_seconds")
+    assert set(after) == {"serve_request_duration_seconds", "serve_handler_duration_seconds"}
+
+    def delta(sample: str, **labels: str) -> float:
+        return value(after, sample, **labels) - value(before, sample, **labels)
+
+    bucket = "serve_request_duration_seconds_bucket"
+    # Every request sleeps 50 ms in the handler: the 25 ms bucket stays, the 1 s one moves.
+    assert delta(bucket, le="0.025", **MV) == 0
+    assert delta(bucket, le="1.0", **MV) == 3
+    assert delta(bucket, le="+Inf", **MV) == 3
+    assert delta("serve_request_duration_seconds_sum", **MV) >= 0.15
+    phases = "serve_handler_duration_seconds"
+    for phase in ("preprocess", "inference", "postprocess", "handler"):
+        assert delta(f"{phases}_count", phase=phase, **MV) == 3, phase
+    assert delta(f"{phases}_sum", phase="inference", **MV) >= 0.15
+    assert delta(f"{phases}_bucket", phase="inference", le="0.025", **MV) == 0
+
+
+async def _load_and_watch(server: LanternServer, count: int) -> tuple[list[int], float, float]:
+    """``count`` concurrent predictions while scraping; returns the batch sizes the handler
+    saw and the highest queue depth and in-flight count scraped meanwhile."""
+    limits = httpx.Limits(max_connections=count + 4)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        url = f"{server.inference}/predictions/obs"
+        tasks = [
+            asyncio.create_task(client.post(url, content=f"c{i}".encode())) for i in range(count)
+        ]
+        depth = in_flight = 0.0
+        params = [("name[]", "serve_queue_depth"), ("name[]", "serve_requests_in_flight")]
+        while not all(t.done() for t in tasks):
+            text = (await client.get(f"{server.metrics}/metrics", params=params)).text
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            depth = max(depth, value(families, "serve_queue_depth", **MV))
+            in_flight = max(in_flight, value(families, "serve_requests_in_flight", **MV))
+            await asyncio.sleep(0.005)
+        responses = [t.result() for t in tasks]
+    assert [r.status_code for r in responses] == [200] * count
+    return [r.json()["batch"] for r in responses], depth, in_flight
+
+
+def test_batches_form_under_concurrent_load(server: LanternServer) -> None:
+    names = ("serve_batch_size", "serve_queue_wait_seconds")
+    before = scrape(server, *names)
+    sizes, depth, in_flight = asyncio.run(_load_and_watch(server, 24))
+    after = scrape(server, *names)
+
+    def delta(sample: str, **labels: str) -> float:
+        return value(after, sample, **labels) - value(before, sample, **labels)
+
+    batches = delta("serve_batch_size_count", **MV)
+    assert delta("serve_batch_size_sum", **MV) == 24
+    assert max(sizes) > 1
+    assert batches < 24
+    # The histogram shows the batches that formed: fewer of size 1 than batches in all.
+    assert delta("serve_batch_size_bucket", le="1.0", **MV) < batches
+    assert delta("serve_batch_size_bucket", le="8.0", **MV) == batches  # batchSize 8
+    assert delta("serve_queue_wait_seconds_count", **MV) == 24
+    assert in_flight > 0 and depth > 0  # what an autoscaler watches, seen while it happened
+    idle = scrape(server, "serve_queue_depth", "serve_requests_in_flight")
+    assert value(idle, "serve_queue_depth", **MV) == 0
+    assert value(idle, "serve_requests_in_flight", **MV) == 0
+
+
+def test_handler_metrics_appear_with_dimensions(server: LanternServer) -> None:
+    assert predict(server, b"m").status_code == 200
+    families = scrape(server)
+    ts_requests = families["ts_inference_requests"]
+    hostname = ts_requests.samples[0].labels["hostname"]  # type: ignore[attr-defined]
+    dims = {"ModelName": "obs", "Level": "Model", "Hostname": hostname}
+    rows = families["RowsSeen"]
+    assert rows.type == "counter"  # type: ignore[attr-defined]
+    assert value(families, "RowsSeen_total", Kind="rows", **dims) >= 1
+    for name, expected in (("EchoTime", 1.5), ("EchoSize", 2.0), ("EchoPercent", 42.0)):
+        assert families[name].type == "gauge", name  # type: ignore[attr-defined]
+        assert value(families, name, **dims) == expected
+    # A name and a dimension that are not valid Prometheus names are sanitised.
+    assert families["Echo_Batch_rows"].type == "counter"  # type: ignore[attr-defined]
+    assert value(families, "Echo_Batch_rows_total", odd_dim="x y", **dims) >= 1
+    # BaseHandler's own HandlerTime (ms), as TorchServe reports it.
+    assert value(families, "HandlerTime", **dims) > 0
+    # A counter adds up across requests.
+    first = value(families, "RowsSeen_total", Kind="rows", **dims)
+    assert predict(server, b"m2").status_code == 200
+    assert value(scrape(server, "RowsSeen"), "RowsSeen_total", Kind="rows", **dims) == first + 1
+
+
+def test_status_codes_are_counted(server: LanternServer) -> None:
+    before = scrape(server)
+    response = predict(server, b"boom")
+    assert response.status_code == 500
+    assert predict(server, b"x", model="no-such-model").status_code == 404
+    after = scrape(server)
+
+    def delta(sample: str, **labels: str) -> float:
+        return value(after, sample, **labels) - value(before, sample, **labels)
+
+    assert delta("serve_requests_total", status="500", **MV) == 1
+    assert delta("Requests5XX_total") == 1
+    assert delta("Requests4XX_total") == 1
+    # No series for a model name nobody registered.
+    assert not any(
+        s.labels.get("model") == "no-such-model"
+        for f in after.values()
+        for s in f.samples  # type: ignore[attr-defined]
+    )
+
+
+def test_worker_gauges(server: LanternServer) -> None:
+    families = scrape(server)
+    assert value(families, "serve_workers", state="READY", **MV) == 1
+    assert value(families, "serve_workers", state="DEAD", **MV) == 0
+    rss = value(families, "serve_worker_resident_memory_bytes", worker="obs_1.0-w0", **MV)
+    assert rss > 10 * 2**20  # a Python process with torch imported
+    assert value(families, "serve_host_memory_total_bytes") > 0
+    assert 0 <= value(families, "serve_host_cpu_utilization_percent") <= 100
+    assert value(families, "process_resident_memory_bytes") > 0  # the frontend itself
+    if shutil.which("nvidia-smi") is None:
+        assert not any(name.startswith("serve_gpu_") for name in families)
+
+
+def test_worker_restart_is_counted(server: LanternServer) -> None:
+    labels = {"model": "echo", "version": "1.0"}
+    before = value(scrape(server), "serve_worker_restarts_total", **labels)
+    assert predict(server, b"crash", model="echo").status_code >= 500
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        families = scrape(server)
+        restarted = value(families, "serve_worker_restarts_total", **labels) == before + 1
+        if restarted and value(families, "serve_workers", state="READY", **labels) == 1:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the restart was not counted, or the worker did not come back")
+    assert predict(server, b"again", model="echo").status_code == 200
+
+
+def test_exposition_parses_and_every_family_is_typed(server: LanternServer) -> None:
+    response = httpx.get(f"{server.metrics}/metrics", timeout=10)
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = list(text_string_to_metric_families(response.text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))
+    # A sample the parser cannot place in a declared family becomes an "unknown" family.
+    assert [f.name for f in families if f.type == "unknown"] == []
+    assert {
+        "ts_inference_requests",
+        "ts_inference_latency_microseconds",
+        "ts_queue_latency_microseconds",
+        "Requests2XX",
+        "serve_request_duration_seconds",
+        "serve_queue_wait_seconds",
+        "serve_batch_size",
+        "serve_handler_duration_seconds",
+        "serve_requests",
+        "serve_queue_depth",
+        "serve_workers",
+        "serve_worker_restarts",
+        "serve_worker_resident_memory_bytes",
+    } <= set(names)
+    # TorchServe's exact exposed names, for the dashboards that query them.
+    for line in (
+        "# TYPE ts_inference_requests_total counter",
+        "# TYPE ts_inference_latency_microseconds counter",
+        "# TYPE ts_queue_latency_microseconds counter",
+        "# TYPE Requests2XX counter",
+    ):
+        assert line in response.text.splitlines()
+    promtool = shutil.which("promtool")
+    if promtool is not None:  # Debian's prometheus package; lint rules TorchServe's names break
+        check = subprocess.run(
+            [promtool, "check", "metrics"], input=response.text, capture_output=True, text=True
+        )
+        assert check.returncode in (0, 3), check.stderr
+        problems = (check.stdout + check.stderr).splitlines()
+        assert not [p for p in problems if re.match(r"(serve_|process_)", p)], problems
+
+
+def test_name_filter_returns_only_named_families(server: LanternServer) -> None:
+    families = scrape(
+        server,
+        "ts_inference_requests_total",
+        "ts_inference_latency_microseconds",
+        "serve_batch_size",
+        "Requests2XX",
+    )
+    assert set(families) == {
+        "ts_inference_requests",
+        "ts_inference_latency_microseconds",
+        "serve_batch_size",
+        "Requests2XX",
+    }
+    assert scrape(server, "no_such_metric") == {}
+
+
+def test_metrics_port_serves_only_metrics(server: LanternServer) -> None:
+    assert httpx.get(f"{server.metrics}/nope", timeout=10).status_code == 404
+    assert httpx.post(f"{server.metrics}/metrics", timeout=10).status_code == 405
