@@ -52,6 +52,7 @@ class WorkerSlot:
     last_error: str | None = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # loaded once, or failed
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # retired and its process gone
     gave_up: bool = False
 
     @property
@@ -109,6 +110,8 @@ class ModelVersion:
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        # Input/output metadata for the OIP and KServe routes, asked of a worker once.
+        self.protocol_metadata: dict[str, Any] | None = None
 
     # ----- workers -------------------------------------------------------------------------
 
@@ -127,17 +130,25 @@ class ModelVersion:
         return self.ready_workers() >= self.min_workers
 
     async def scale(self, min_workers: int, max_workers: int | None = None, *, wait: bool) -> None:
-        """Run ``min_workers`` workers; with ``wait``, return once they are loaded (or failed)."""
+        """Run ``min_workers`` workers; with ``wait``, return once new ones are loaded (or failed)
+        and retired ones are gone (a busy one finishes its batch first)."""
+        if self.closing:
+            raise ShuttingDown(f'Model "{self.name}" version {self.version} is being unloaded.')
         self.settings = self.settings.merged(
             {"min_workers": min_workers, "max_workers": max(max_workers or 0, min_workers)}
         )
         active = [s for s in self.slots if not s.retiring]
         for _ in range(min_workers - len(active)):
             self._add_slot()
-        for slot in active[min_workers:][::-1] if len(active) > min_workers else []:
+        retired = active[min_workers:][::-1] if len(active) > min_workers else []
+        for slot in retired:
             self._retire(slot)
+        if min_workers == 0:
+            # Nothing will ever take what is queued: answer it now, not at its deadline.
+            self.queue.fail_all(self._no_workers())
         if wait:
             await self.wait_loaded()
+            await asyncio.gather(*(s.stopped.wait() for s in retired))
 
     async def wait_loaded(self) -> None:
         """Wait until every slot has loaded once or given up; raises if none could start."""
@@ -156,6 +167,8 @@ class ModelVersion:
         self._next_index += 1
         slot = WorkerSlot(index, f"{self.name}_{self.version}-w{index}", self._gpu_for(index))
         slot.task = asyncio.create_task(self._supervise(slot))
+        # However the supervisor ends (even cancelled before its first start), waiters move on.
+        slot.task.add_done_callback(lambda _: slot.settled.set())
         self.slots.append(slot)
         return slot
 
@@ -170,12 +183,15 @@ class ModelVersion:
     async def _stop_slot(self, slot: WorkerSlot) -> None:
         if slot in self.slots:
             self.slots.remove(slot)
-        if slot.process is not None:
-            await slot.process.stop()
-        if slot.task is not None and not slot.task.done():
-            slot.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await slot.task
+        try:
+            if slot.process is not None:
+                await slot.process.stop()
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await slot.task
+        finally:
+            slot.stopped.set()
 
     def _gpu_for(self, index: int) -> int | None:
         if (self.settings.device_type or "").lower() == "cpu":
@@ -241,7 +257,6 @@ class ModelVersion:
                 self.worker_spec(slot),
                 self.socket_dir,
                 env=self._worker_env(),
-                log_extra={"model": self.name, "version": self.version},
             )
             slot.process = proc
             try:
@@ -287,10 +302,7 @@ class ModelVersion:
         if self.closing:
             raise ShuttingDown(f'Model "{self.name}" version {self.version} is being unloaded.')
         if not any(s.state != WorkerState.DEAD and not s.retiring for s in self.slots):
-            raise NoHealthyWorkers(
-                f'Model "{self.name}" has no worker to serve inference request. '
-                "Please use scale workers API to add workers."
-            )
+            raise self._no_workers()
         now = time.monotonic()
         limit = self.settings.response_timeout
         if timeout is not None:
@@ -302,6 +314,12 @@ class ModelVersion:
         future.add_done_callback(self._request_done)
         self._schedule()
         return future
+
+    def _no_workers(self) -> NoHealthyWorkers:
+        return NoHealthyWorkers(
+            f'Model "{self.name}" has no worker to serve inference request. '
+            "Please use scale workers API to add workers."
+        )
 
     def _request_done(self, _: asyncio.Future[ItemResult]) -> None:
         self.in_flight -= 1
@@ -400,7 +418,12 @@ class ModelVersion:
     def _retry_or_fail(self, jobs: list[Job]) -> None:
         """Jobs on a worker that died get one more try on another worker, then an error."""
         now = time.monotonic()
-        retry = [j for j in jobs if j.retries == 0 and not j.done and j.deadline > now]
+        # While unloading, no worker will be restarted to take a retry: answer at once.
+        retry = [
+            j
+            for j in jobs
+            if j.retries == 0 and not j.done and j.deadline > now and not self.closing
+        ]
         for job in jobs:
             if job not in retry:
                 job.fail(WorkerDied(f"Worker died while processing request {job.item.request_id}."))
@@ -414,8 +437,9 @@ class ModelVersion:
         """Refuse new work, let queued and running work finish, then fail what is left."""
         self.closing = True
         self._schedule()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout)
+        if self.ready_workers() > 0:  # with no loaded worker, nothing queued would ever run
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
         self.queue.fail_all(ShuttingDown("The model was unloaded before the request ran."))
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -426,12 +450,15 @@ class ModelVersion:
         await asyncio.gather(*(self._stop_slot_now(s, grace) for s in slots))
 
     async def _stop_slot_now(self, slot: WorkerSlot, grace: float) -> None:
-        if slot.task is not None and not slot.task.done():
-            slot.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await slot.task
-        if slot.process is not None:
-            await slot.process.stop(grace)
+        try:
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await slot.task
+            if slot.process is not None:
+                await slot.process.stop(grace)
+        finally:
+            slot.stopped.set()
 
     def describe(self) -> dict[str, Any]:
         """The TorchServe describe-model object (without ``customizedMetadata``)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from serve import __version__
+from serve.access_log import AccessLog
 from serve.apps.common import ServerState
 from serve.apps.inference import create_inference_app
 from serve.apps.management import create_management_app
@@ -42,6 +43,7 @@ class Server:
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.metrics = ServerMetrics()
         self.registry = Registry(config, self.work_dir, self.metrics)
+        self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.addresses: dict[str, str] = {}
 
@@ -72,7 +74,11 @@ class Server:
         if self.state.auth is not None:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
-        return apps
+        # Outermost, so that refused (401) requests are logged and counted too.
+        return {
+            name: AccessLog(app, self.metrics, resolve_default=name == "inference")
+            for name, app in apps.items()
+        }
 
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT or `stop()`; then drain and stop every worker."""
@@ -139,15 +145,20 @@ class Server:
         for spec in expand_models(self.config.load_models, self.config.model_store):
             name, _, url = spec.rpartition("=")
             try:
-                models.append(await self.registry.register(
-                    url, model_name=name or None, loaded_at_startup=True, synchronous=False))
+                models.append(
+                    await self.registry.register(
+                        url, model_name=name or None, loaded_at_startup=True, synchronous=False
+                    )
+                )
             except ServeError as exc:
                 logger.error("Failed to load model %s at startup: %s", spec, exc.message)
+                self.state.extras.setdefault("startup_failures", []).append(spec)
         results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
         for model, result in zip(models, results, strict=True):
             if isinstance(result, Exception):
-                logger.error("Model %s version %s failed to load: %s", model.name, model.version,
-                             result)
+                logger.error(
+                    "Model %s version %s failed to load: %s", model.name, model.version, result
+                )
         if self.config.snapshot:
             snapshots.save(self.registry, self.config)
 

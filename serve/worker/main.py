@@ -14,9 +14,9 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import Any
 
+from serve.logs import encode_worker_record
 from serve.protocol import Frame, FrameDecoder, MsgType, encode
 
 logger = logging.getLogger("serve.worker")
@@ -115,6 +115,13 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     from handlers.context import RequestProcessor
     from handlers.inputs import decode_value
     from handlers.output import encode_output
+    from handlers.tensor_path import run_protocol_batch
+
+    # OIP / KServe v1 requests take the tensor path (handlers/tensor_path.py), which calls back
+    # here for any regular requests in the same batch.
+    routed = run_protocol_batch(service, context, frame, decode, run_batch)
+    if routed is not None:
+        return routed
 
     requests = frame.meta["requests"]
     batch: list[dict[str, Any]] = []
@@ -151,9 +158,14 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
             bodies.append(body)
     except Exception as exc:  # a handler bug must not end the worker
         code, kind = _error_status(exc)
-        ids = ", ".join(req["id"] for req in requests)
+        ids = [req["id"] for req in requests]
+        # One record (traceback included) carrying the ids the clients got in x-request-id.
         logger.error(
-            "Handler raised %s for request(s) %s\n%s", kind, ids, traceback.format_exc().rstrip()
+            "Handler raised %s for request(s) %s",
+            kind,
+            ", ".join(ids),
+            exc_info=True,
+            extra={"request_ids": ids},
         )
         # PredictionException's str() is "msg : code" (TorchServe); clients get the message.
         message = str(getattr(exc, "message", None) or exc) or kind
@@ -170,11 +182,28 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     return Frame(MsgType.RESULT, frame.seq, meta, tuple(bodies))
 
 
+class _RecordLines(logging.Handler):
+    """Each record as one line on stderr that the frontend decodes (`serve.logs`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = encode_worker_record(record, self.formatter or logging.Formatter())
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _setup_logging(level: str) -> None:
+    handler = _RecordLines()
+    handler.setFormatter(logging.Formatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # warnings.warn() in handlers becomes a model-log record
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    logging.basicConfig(
-        level=spec.get("log_level", "INFO"), stream=sys.stderr, format="%(levelname)s %(message)s"
-    )
+    _setup_logging(str(spec.get("log_level") or "INFO").upper())
     # The frontend stops us with SHUTDOWN or SIGTERM; Ctrl-C in a foreground server must not
     # kill workers before the frontend drains them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -186,7 +215,7 @@ def main(argv: list[str]) -> int:
         service, context = load(spec)
         _cap_threads(spec)
     except BaseException as exc:
-        logger.error("Failed to load the model:\n%s", traceback.format_exc().rstrip())
+        logger.error("Failed to load the model", exc_info=True)
         meta = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
         conn.send(Frame(MsgType.LOAD_FAILED, 0, meta))
         return 1

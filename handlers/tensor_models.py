@@ -1,0 +1,515 @@
+"""Models the tensor fast path can run directly: ONNX, TorchScript, ``torch.export`` and eager.
+
+An adapter knows the model's input and output metadata (read from the ONNX graph, the TorchScript
+signature or the exported program, or declared under ``metadata:`` in model-config.yaml), checks
+request tensors against it, and runs a batch: requests whose inputs agree in everything but the
+batch dimension are concatenated along dimension 0, run once, and the outputs split back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from serve.errors import BadRequest, ServeError
+from serve.protocols.tensors import NUMPY_DTYPES, datatype_of
+
+logger = logging.getLogger(__name__)
+
+_ORT_DATATYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(string)": "BYTES",
+}
+_TORCH_DATATYPES = {
+    "torch.bool": "BOOL",
+    "torch.uint8": "UINT8",
+    "torch.uint16": "UINT16",
+    "torch.uint32": "UINT32",
+    "torch.uint64": "UINT64",
+    "torch.int8": "INT8",
+    "torch.int16": "INT16",
+    "torch.int32": "INT32",
+    "torch.int64": "INT64",
+    "torch.float16": "FP16",
+    "torch.float32": "FP32",
+    "torch.float64": "FP64",
+    "torch.bfloat16": "BF16",
+}
+
+
+@dataclass(slots=True)
+class TensorSpec:
+    """One input or output: ``datatype`` "" and ``shape`` [] when the model does not say."""
+
+    name: str
+    datatype: str = ""
+    shape: list[int] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+Feeds = dict[str, tuple[np.ndarray, str]]  # input name -> (array, OIP datatype)
+Outputs = list[tuple[str, np.ndarray, str]]  # (name, array, OIP datatype)
+
+
+def declared_specs(config: dict[str, Any], key: str) -> list[TensorSpec] | None:
+    """``metadata: {inputs: [...], outputs: [...]}`` from model-config.yaml, if well formed."""
+    metadata = config.get("metadata") if isinstance(config, dict) else None
+    entries = metadata.get(key) if isinstance(metadata, dict) else None
+    if entries is None:
+        return None
+    specs = []
+    try:
+        for entry in entries:
+            datatype = str(entry.get("datatype", "")).upper()
+            if datatype and datatype not in NUMPY_DTYPES:
+                raise ValueError(f"unknown datatype {datatype}")
+            shape = [int(d) for d in entry.get("shape", [])]
+            specs.append(TensorSpec(str(entry["name"]), datatype, shape))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("Ignoring malformed metadata.%s in model-config.yaml: %s", key, exc)
+        return None
+    return specs
+
+
+def declared_platform(config: dict[str, Any]) -> str | None:
+    metadata = config.get("metadata") if isinstance(config, dict) else None
+    platform = metadata.get("platform") if isinstance(metadata, dict) else None
+    return str(platform) if platform else None
+
+
+class ModelAdapter:
+    """Metadata plus ``run(feeds) -> outputs`` for one model."""
+
+    platform = ""
+    batchable = True  # may requests be concatenated along dimension 0?
+
+    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform,
+            "inputs": [s.as_json() for s in self.inputs],
+            "outputs": [s.as_json() for s in self.outputs],
+            "tensor_path": True,
+        }
+
+    def run(self, feeds: Feeds) -> Outputs:
+        raise NotImplementedError
+
+    def apply_declared(self, config: dict[str, Any]) -> None:
+        """Declared metadata wins over what was read from the model (names map by position)."""
+        inputs = declared_specs(config, "inputs")
+        outputs = declared_specs(config, "outputs")
+        if inputs is not None:
+            self.inputs = inputs
+        if outputs is not None:
+            self.outputs = outputs
+        self.platform = declared_platform(config) or self.platform
+
+
+# ----- ONNX -----------------------------------------------------------------------------------
+
+
+def _ort_spec(arg: Any) -> TensorSpec:
+    shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or [])]
+    return TensorSpec(arg.name, _ORT_DATATYPES.get(arg.type, ""), shape)
+
+
+class OnnxAdapter(ModelAdapter):
+    platform = "onnx_onnxv1"
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        super().__init__(
+            [_ort_spec(a) for a in session.get_inputs()],
+            [_ort_spec(a) for a in session.get_outputs()],
+        )
+        self._graph_inputs = [a.name for a in session.get_inputs()]
+        self._graph_outputs = [a.name for a in session.get_outputs()]
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def apply_declared(self, config: dict[str, Any]) -> None:
+        super().apply_declared(config)
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def run(self, feeds: Feeds) -> Outputs:
+        # Declared names map to graph inputs by position, so a config may rename them.
+        names = dict(zip((s.name for s in self.inputs), self._graph_inputs, strict=False))
+        ort_feeds = {}
+        for name, (array, datatype) in feeds.items():
+            if datatype == "BYTES":
+                array = _bytes_to_str(array, name)
+            ort_feeds[names.get(name, name)] = array
+        results = self.session.run(None, ort_feeds)
+        out_names = [s.name for s in self.outputs] or self._graph_outputs
+        outputs = []
+        for i, result in enumerate(results):
+            array = np.asarray(result)
+            name = out_names[i] if i < len(out_names) else self._graph_outputs[i]
+            if array.dtype == object:
+                array = _str_to_bytes(array)
+            outputs.append((name, array, datatype_of(array)))
+        return outputs
+
+
+def _bytes_to_str(array: np.ndarray, name: str) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    try:
+        out.reshape(-1)[:] = [
+            v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)
+        ]
+    except UnicodeDecodeError:
+        raise BadRequest(f"input '{name}': ONNX string inputs must be UTF-8") from None
+    return out
+
+
+def _str_to_bytes(array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    out.reshape(-1)[:] = [
+        v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1)
+    ]
+    return out
+
+
+# ----- torch ----------------------------------------------------------------------------------
+
+
+class TorchAdapter(ModelAdapter):
+    """TorchScript, exported (``.pt2``) or eager modules, called with positional tensors."""
+
+    def __init__(self, module: Any, device: Any, platform: str) -> None:
+        self.module = module
+        self.device = device
+        self.platform = platform
+        inputs, outputs = _torch_signature(module)
+        super().__init__(inputs, outputs)
+
+    def run(self, feeds: Feeds) -> Outputs:
+        import torch
+
+        args = []
+        for spec in self.inputs:
+            array, datatype = feeds[spec.name]
+            args.append(_to_torch(array, datatype, spec.name).to(self.device))
+        with torch.inference_mode():
+            result = self.module(*args)
+        return self._outputs(result)
+
+    def _outputs(self, result: Any) -> Outputs:
+        import torch
+
+        if isinstance(result, torch.Tensor):
+            items: list[tuple[str | None, Any]] = [(None, result)]
+        elif isinstance(result, dict):
+            items = [(str(k), v) for k, v in result.items()]
+        elif isinstance(result, (list, tuple)):
+            items = [(None, v) for v in result]
+        else:
+            raise ServeError(f"the model returned {type(result).__name__}, not tensors")
+        outputs = []
+        for i, (key, value) in enumerate(items):
+            if not isinstance(value, torch.Tensor):
+                raise ServeError(f"model output {i} is a {type(value).__name__}, not a tensor")
+            if key is None:
+                key = self.outputs[i].name if i < len(self.outputs) else f"output{i}"
+            array, datatype = _from_torch(value)
+            outputs.append((key, array, datatype))
+        return outputs
+
+
+def _to_torch(array: np.ndarray, datatype: str, name: str) -> Any:
+    import torch
+
+    if datatype == "BYTES":
+        raise BadRequest(f"input '{name}': BYTES tensors cannot be passed to a torch model")
+    if not array.flags.writeable:  # a view of the request bytes: torch wants its own memory
+        array = array.copy()
+    if datatype == "BF16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _from_torch(tensor: Any) -> tuple[np.ndarray, str]:
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.contiguous().view(torch.int16).numpy().view("<u2"), "BF16"
+    array = tensor.numpy()
+    return array, datatype_of(array)
+
+
+def _torch_signature(module: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    import torch
+
+    target = getattr(module, "_orig_mod", module)  # torch.compile wraps the module
+    if isinstance(target, torch.jit.ScriptModule):
+        args = target.forward.schema.arguments[1:]  # [0] is self
+        return [TensorSpec(a.name) for a in args], []
+    if isinstance(target, torch.fx.GraphModule):
+        inputs, outputs = [], []
+        for node in target.graph.nodes:
+            if node.op == "placeholder":
+                inputs.append(_fake_spec(node.name, node.meta.get("val")))
+            elif node.op == "output":
+                vals = node.meta.get("val")
+                vals = vals if isinstance(vals, (list, tuple)) else [vals]
+                outputs = [_fake_spec(f"output{i}", v) for i, v in enumerate(vals)]
+        if any(not s.datatype for s in outputs):
+            outputs = []
+        return inputs, outputs
+    params = inspect.signature(target.forward).parameters.values()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [TensorSpec(p.name) for p in params if p.kind in positional], []
+
+
+def _fake_spec(name: str, value: Any) -> TensorSpec:
+    dtype = getattr(value, "dtype", None)
+    shape = getattr(value, "shape", None)
+    if dtype is None or shape is None:
+        return TensorSpec(name)
+    dims = [d if isinstance(d, int) else -1 for d in shape]
+    return TensorSpec(name, _TORCH_DATATYPES.get(str(dtype), ""), dims)
+
+
+# ----- choosing an adapter --------------------------------------------------------------------
+
+
+def adapter_for(service: Any) -> ModelAdapter | None:
+    """The fast-path adapter for a service, or None when its handler must see every request.
+
+    The rule: the handler is ``BaseHandler`` itself or a subclass that overrides none of
+    ``handle``, ``preprocess``, ``inference`` and ``postprocess`` (so it adds nothing to what the
+    fast path does), and its model is an ONNX session or a torch module.
+    """
+    handler = getattr(service, "handler", None)
+    if handler is None:
+        return None
+    from handlers.base_handler import BaseHandler
+    from handlers.runtimes import OnnxModel
+
+    if not isinstance(handler, BaseHandler):
+        return None
+    cls = type(handler)
+    if any(getattr(cls, m) is not getattr(BaseHandler, m) for m in _PHASES):
+        return None
+    model = handler.model
+    config = getattr(handler, "model_yaml_config", None) or {}
+    adapter: ModelAdapter
+    if isinstance(model, OnnxModel):
+        adapter = OnnxAdapter(model.session)
+    else:
+        import torch
+
+        target = getattr(model, "_orig_mod", model)
+        if isinstance(target, torch.jit.ScriptModule):
+            platform = "pytorch_torchscript"
+        elif isinstance(target, torch.fx.GraphModule):
+            platform = "pytorch_export"
+        elif isinstance(target, torch.nn.Module):
+            platform = "pytorch_eager"
+        else:
+            return None
+        adapter = TorchAdapter(model, handler.device, platform)
+    adapter.apply_declared(config)
+    return adapter
+
+
+_PHASES = ("handle", "preprocess", "inference", "postprocess")
+
+
+# ----- checking and running requests ---------------------------------------------------------
+
+
+def check_feeds(adapter: ModelAdapter, feeds: Feeds, model: str, *, strict: bool) -> None:
+    """Raise 400 for unknown or missing inputs, a wrong datatype (``strict``) or a wrong shape."""
+    specs = {s.name: s for s in adapter.inputs}
+    for name in feeds:
+        if name not in specs:
+            raise BadRequest(f"unexpected inference input '{name}' for model '{model}'")
+    missing = [s.name for s in adapter.inputs if s.name not in feeds]
+    if missing:
+        raise BadRequest(
+            f"expected {len(specs)} inputs but got {len(feeds)} inputs for model '{model}'; "
+            f"missing: {', '.join(missing)}"
+        )
+    for name, (array, datatype) in feeds.items():
+        spec = specs[name]
+        if strict and spec.datatype and datatype != spec.datatype:
+            raise BadRequest(
+                f"unexpected datatype {datatype} for inference input '{name}', "
+                f"expecting {spec.datatype}"
+            )
+        if spec.shape and (
+            array.ndim != len(spec.shape)
+            or any(w != -1 and w != g for w, g in zip(spec.shape, array.shape, strict=True))
+        ):
+            raise BadRequest(
+                f"unexpected shape for input '{name}' for model '{model}'. "
+                f"Expected {list(spec.shape)}, got {list(array.shape)}"
+            )
+
+
+def values_to_feeds(
+    adapter: ModelAdapter, rows: Sequence[dict[str, Any]], *, columnar: bool, model: str
+) -> Feeds:
+    """KServe v1 values (per-instance rows, or one columnar row) as typed arrays.
+
+    Instances are stacked into a new batch dimension; columnar values already have one. Values
+    are cast to the model's declared datatype; where the model does not say, floats become FP32
+    (torch's default) and integers INT64.
+    """
+    names = list(rows[0])
+    rename = {}
+    if names == ["data"]:
+        if len(adapter.inputs) != 1:
+            raise BadRequest(
+                f"model '{model}' has {len(adapter.inputs)} inputs; name them in each instance "
+                f"({', '.join(s.name for s in adapter.inputs)})"
+            )
+        rename = {"data": adapter.inputs[0].name}
+    specs = {s.name: s for s in adapter.inputs}
+    feeds: Feeds = {}
+    for key in names:
+        name = rename.get(key, key)
+        spec = specs.get(name)
+        if spec is None:
+            raise BadRequest(f"unexpected inference input '{key}' for model '{model}'")
+        values = rows[0][key] if columnar else [row[key] for row in rows]
+        feeds[name] = _typed(values, spec, name)
+    return feeds
+
+
+def _typed(values: Any, spec: TensorSpec, name: str) -> tuple[np.ndarray, str]:
+    try:
+        array = np.asarray(values)
+        if array.dtype.kind in "SU":  # numpy's fixed-width strings drop trailing NUL bytes
+            array = np.array(values, dtype=object)
+    except ValueError:
+        raise BadRequest(
+            f"input '{name}': the values are not a regular (rectangular) array"
+        ) from None
+    if array.dtype == object and _all_text(array):
+        out = np.empty(array.shape, dtype=object)
+        out.reshape(-1)[:] = [
+            v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1)
+        ]
+        array = out
+    elif array.dtype == object:
+        raise BadRequest(f"input '{name}': the values are not a regular (rectangular) array")
+    datatype = spec.datatype
+    if not datatype:
+        kind = array.dtype.kind
+        datatype = {"f": "FP32", "i": "INT64", "u": "INT64", "b": "BOOL"}.get(kind, "BYTES")
+    if datatype == "BYTES":
+        if array.dtype != object:
+            raise BadRequest(f"input '{name}' takes strings or {{\"b64\": ...}} values")
+        return array, datatype
+    if array.dtype == object:
+        raise BadRequest(f"input '{name}' takes {datatype} numbers, not strings")
+    try:
+        if datatype == "BF16":
+            from serve.protocols.tensors import float32_to_bf16
+
+            return float32_to_bf16(array.astype(np.float32)), datatype
+        return array.astype(NUMPY_DTYPES[datatype]), datatype
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(
+            f"input '{name}': cannot convert the values to {datatype}: {exc}"
+        ) from None
+
+
+def _all_text(array: np.ndarray) -> bool:
+    return all(isinstance(v, (str, bytes)) for v in array.reshape(-1))
+
+
+@dataclass(slots=True)
+class Job:
+    """One request's inputs on the fast path."""
+
+    key: int
+    feeds: Feeds
+
+    @property
+    def rows(self) -> int | None:
+        """The shared size of dimension 0 of every input, or None if they disagree."""
+        sizes = {array.shape[0] if array.ndim else None for array, _ in self.feeds.values()}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def signature(self) -> tuple[Any, ...]:
+        return tuple(sorted((n, a.dtype.str, dt, a.shape[1:]) for n, (a, dt) in self.feeds.items()))
+
+
+def run_jobs(adapter: ModelAdapter, jobs: list[Job]) -> dict[int, Outputs | Exception]:
+    """Run every job, concatenating compatible ones; each job gets its outputs or its error."""
+    groups: dict[Any, list[Job]] = defaultdict(list)
+    for job in jobs:
+        batchable = adapter.batchable and job.rows is not None
+        groups[job.signature() if batchable else ("alone", job.key)].append(job)
+    results: dict[int, Outputs | Exception] = {}
+    for group in groups.values():
+        if len(group) > 1 and _run_together(adapter, group, results):
+            continue
+        for job in group:
+            try:
+                results[job.key] = adapter.run(job.feeds)
+            except Exception as exc:  # reported per request by the caller
+                results[job.key] = exc
+    return results
+
+
+def _run_together(
+    adapter: ModelAdapter, group: list[Job], results: dict[int, Outputs | Exception]
+) -> bool:
+    sizes = [job.rows or 0 for job in group]
+    total = sum(sizes)
+    feeds: Feeds = {}
+    for name, (_, datatype) in group[0].feeds.items():
+        feeds[name] = (np.concatenate([job.feeds[name][0] for job in group]), datatype)
+    try:
+        outputs = adapter.run(feeds)
+    except Exception:
+        # One request may be at fault: run them one by one so only that one fails.
+        logger.debug("A concatenated batch failed; running its requests one by one", exc_info=True)
+        return False
+    if not all(array.ndim and array.shape[0] == total for _, array, _ in outputs):
+        return False  # outputs without a batch dimension cannot be split between requests
+    bounds = np.cumsum(sizes)[:-1]
+    per_output = [(n, np.split(a, bounds), dt) for n, a, dt in outputs]
+    for i, job in enumerate(group):
+        results[job.key] = [(n, parts[i], dt) for n, parts, dt in per_output]
+    return True
+
+
+def error_status(exc: Exception) -> tuple[int, str, str]:
+    """(HTTP status, error type, message) for an exception raised while running a model."""
+    if isinstance(exc, ServeError):
+        return exc.status_code, exc.error_type, exc.message
+    kind = type(exc).__name__
+    if kind == "InvalidArgument":  # onnxruntime's complaint about the inputs it was given
+        return 400, "BadRequestException", str(exc)
+    if isinstance(exc, MemoryError) or kind == "OutOfMemoryError":
+        return 507, "OutOfResources", f"{kind}: {exc}"
+    return 500, kind, f"{kind}: {exc}"
