@@ -63,7 +63,8 @@ def create_inference_app(
         model_version = version or "default"
         try:
             params = await read_params(request, state.config.max_request_size)
-            headers = dict(request.headers)
+            # x-lantern-* headers are ours (protocol requests to workers); clients cannot set them.
+            headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
             if path.get("rest"):
                 headers["url_path"] = path["rest"]
             if explain:

@@ -16,9 +16,12 @@ from tests.support.server import LanternServer, echo_archive
 MAX_REQUEST = 200_000
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
-    work = tmp_path_factory.mktemp("inference")
+@pytest.fixture(scope="module", params=["hypercorn", "uvicorn"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> LanternServer:
+    """One server per HTTP server kind: every test using it runs on hypercorn and on uvicorn."""
+    work = tmp_path_factory.mktemp(f"inference-{request.param}")
     store = work / "store"
     store.mkdir()
     echo_archive(store, "echo")
@@ -46,6 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
             "no_workers=no_workers.mar",
         ],
         args=["--config", str(config)],
+        http_server=request.param,
     )
     srv.start()
     yield srv
@@ -309,3 +313,25 @@ def test_cores_are_divided_among_workers(server: LanternServer) -> None:
     if cores >= 2:  # each worker has its own share of the cores
         first, second = by_pid.values()
         assert not set(first) & set(second)
+
+
+def test_ping_is_unhealthy_when_a_startup_model_cannot_be_found(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    srv = LanternServer(tmp_path, store, ["ghost=not-there.mar"])
+    srv.start(healthy=False)
+    try:
+        deadline = time.monotonic() + 20
+        while "not-there.mar" not in srv.log_text("lantern.log"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert httpx.get(f"{srv.inference}/ping").json() == {"status": "Unhealthy"}
+    finally:
+        srv.stop()
+
+
+def test_clients_cannot_pose_as_internal_protocol_requests(server: LanternServer) -> None:
+    resp = post(server, "/predictions/echo", "plain",
+                headers={"content-type": "text/plain", "x-lantern-protocol": "oip"})
+    assert resp.status_code == 200
+    assert resp.json()["echo"] == "plain"
