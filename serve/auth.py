@@ -1,8 +1,9 @@
 """Token authorisation as TorchServe 0.12 has it, answering 401 instead of its 400.
 
-``key_file.json`` holds three keys: ``management`` and ``inference`` (each with an expiration time)
-and ``API`` (no expiry; only for ``GET /token?type=...`` rotation on the management port). Clients send
-``Authorization: Bearer <key>``. Health, readiness and API-description routes never need a token.
+``key_file.json`` (mode 0600) holds three keys: ``management`` and ``inference``, each with an
+``expiration time`` (``token_expiration_min``), and ``API`` (no expiry; only for
+``GET /token?type=management|inference`` on the management port, which replaces that key). Clients
+send ``Authorization: Bearer <key>``. Health, readiness and API-description routes never need one.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serve.apps.common import error_response, json_response
 from serve.config import Config
-from serve.errors import BadRequest, ServeError, Unauthorized, error_body
+from serve.errors import BadRequest, MethodNotAllowed, ServeError, Unauthorized
 
 Scope = dict[str, Any]
 
+# Health, readiness and API descriptions answer without a token (TorchServe guards /ping).
 _OPEN_PATHS = re.compile(
     r"^/(ping|api-description|v2/health/(live|ready)|v2/models/[^/]+(/versions/[^/]+)?/ready"
     r"|v2/?)$"
 )
+# KServe v1 model readiness (GET /v1/models/{m}); `m:predict` and friends are POSTs and guarded.
+_READINESS = re.compile(r"^/v1/models/[^/:]+(:ready)?$")
 _FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 
 
@@ -70,7 +75,8 @@ class TokenAuth:
     def _write(self) -> None:
         data = {name: key.as_json() for name, key in self.keys.items()}
         tmp = self.key_file.with_name(f".{self.key_file.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp.unlink(missing_ok=True)  # a leftover could carry looser permissions than 0600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2)
         os.replace(tmp, self.key_file)
@@ -102,31 +108,33 @@ class TokenAuth:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            path = scope["path"]
-            if _OPEN_PATHS.match(path) or (scope["method"] == "OPTIONS" and path == "/"):
-                await app(scope, receive, send)
-                return
-            if kind == "management" and path == "/v1/models" or _is_readiness(kind, path):
+            path, method = scope["path"], scope["method"]
+            if _is_open(method, path):
                 await app(scope, receive, send)
                 return
             headers = dict(scope["headers"])
             try:
                 if kind == "management" and path == "/token":
                     auth.check("API", headers)
-                    await _send_json(send, 200, auth.rotate(_query_type(scope)))
+                    if method != "GET":
+                        raise MethodNotAllowed(
+                            "Requested method is not allowed, please refer to API document."
+                        )
+                    await json_response(auth.rotate(_query_type(scope)))(scope, receive, send)
                     return
                 auth.check(kind, headers)
             except ServeError as err:
-                await _send_error(send, err)
+                await error_response(err)(scope, receive, send)
                 return
             await app(scope, receive, send)
 
         return guarded
 
 
-def _is_readiness(kind: str, path: str) -> bool:
-    # GET /v1/models/{m} on the management port is a readiness probe: never behind a token.
-    return kind == "management" and path.startswith("/v1/models/") and path.count("/") == 3
+def _is_open(method: str, path: str) -> bool:
+    if _OPEN_PATHS.match(path) or (method == "OPTIONS" and path == "/"):
+        return True
+    return method in ("GET", "HEAD") and _READINESS.match(path) is not None
 
 
 def _query_type(scope: Scope) -> str:
@@ -134,23 +142,3 @@ def _query_type(scope: Scope) -> str:
 
     values = parse_qs(scope.get("query_string", b"").decode()).get("type", [""])
     return values[0]
-
-
-async def _send_json(send: Any, status: int, data: Any) -> None:
-    body = (json.dumps(data, indent=2) + "\n").encode()
-    await _send(send, status, body, [])
-
-
-async def _send_error(send: Any, err: ServeError) -> None:
-    extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    await _send(send, err.status_code, error_body(err), extra)
-
-
-async def _send(send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -83,34 +83,41 @@ _INFERENCE = [
     ),
 ]
 
+_REGISTER_PARAMS = [
+    "url",
+    "model_name",
+    "handler",
+    "runtime",
+    "batch_size",
+    "max_batch_delay",
+    "initial_workers",
+    "synchronous",
+    "response_timeout",
+    "startup_timeout",
+]
+_SCALE_PARAMS = ["min_worker", "max_worker", "synchronous", "model_version"]
+_DESCRIBE = "Describe a version (`all`: every version) with its workers and queue."
+
+# (method, path, operationId, summary, query parameters, error codes[, other success codes])
 _MANAGEMENT = [
     ("options", "/", "apiDescription", "Get the API description.", [], []),
+    ("get", "/api-description", "apiDescriptionGet", "Get the API description.", [], []),
     (
         "get",
         "/models",
         "listModels",
-        "List registered models.",
+        "List registered models (default versions, by name, paged).",
         ["limit", "next_page_token"],
-        [400],
+        [400, 401],
     ),
     (
         "post",
         "/models",
         "registerModel",
-        "Register a model archive.",
-        [
-            "url",
-            "model_name",
-            "handler",
-            "runtime",
-            "batch_size",
-            "max_batch_delay",
-            "initial_workers",
-            "synchronous",
-            "response_timeout",
-            "startup_timeout",
-        ],
+        "Register a model archive (query parameters or a JSON body with the same keys).",
+        _REGISTER_PARAMS,
         [400, 401, 404, 405, 409, 500],
+        [202, 206],
     ),
     (
         "get",
@@ -118,47 +125,57 @@ _MANAGEMENT = [
         "describeModel",
         "Describe a model's default version.",
         ["customized"],
-        [401, 404],
+        [401, 404, 503],
     ),
     (
         "put",
         "/models/{model_name}",
         "setAutoScale",
-        "Scale a model's workers.",
-        ["min_worker", "max_worker", "synchronous"],
-        [400, 401, 404],
+        "Scale a model's default version up or down.",
+        _SCALE_PARAMS,
+        [400, 401, 404, 500],
+        [202, 206],
     ),
     (
         "delete",
         "/models/{model_name}",
         "unregisterModel",
-        "Unregister a model.",
+        "Unregister a model's default version (drains its requests first).",
         [],
-        [401, 403, 404, 405, 408],
+        [401, 403, 404, 405],
+    ),
+    (
+        "options",
+        "/models/{model_name}",
+        "modelApiDescription",
+        "Get the API description.",
+        [],
+        [401, 404],
     ),
     (
         "get",
         "/models/{model_name}/{model_version}",
         "describeModelVersion",
-        "Describe a version (or all).",
+        _DESCRIBE,
         ["customized"],
-        [401, 404],
+        [401, 404, 503],
     ),
     (
         "put",
         "/models/{model_name}/{model_version}",
         "setAutoScaleVersion",
-        "Scale a version's workers.",
-        ["min_worker", "max_worker", "synchronous"],
-        [400, 401, 404],
+        "Scale a version up or down.",
+        _SCALE_PARAMS,
+        [400, 401, 404, 500],
+        [202, 206],
     ),
     (
         "delete",
         "/models/{model_name}/{model_version}",
         "unregisterVersion",
-        "Unregister a version.",
+        "Unregister a version (drains its requests first).",
         [],
-        [401, 403, 404, 405, 408],
+        [401, 403, 404, 405],
     ),
     (
         "put",
@@ -168,30 +185,87 @@ _MANAGEMENT = [
         [],
         [401, 404],
     ),
-    ("get", "/token", "token", "Rotate a key (needs the API key).", ["type"], [400, 401]),
+    (
+        "get",
+        "/v1/models/{model_name}",
+        "modelReady",
+        "KServe v1 readiness: {name, ready}.",
+        [],
+        [404],
+    ),
+    (
+        "get",
+        "/token",
+        "token",
+        "Replace the management or inference key (needs the API key).",
+        ["type"],
+        [400, 401],
+    ),
 ]
+
+_INTEGER_PARAMS = {
+    "limit",
+    "next_page_token",
+    "batch_size",
+    "max_batch_delay",
+    "initial_workers",
+    "response_timeout",
+    "startup_timeout",
+    "min_worker",
+    "max_worker",
+}
+_BOOLEAN_PARAMS = {"synchronous", "customized"}
+
+
+def _schema(name: str) -> dict[str, str]:
+    if name in _INTEGER_PARAMS:
+        return {"type": "integer"}
+    if name in _BOOLEAN_PARAMS:
+        return {"type": "boolean"}
+    return {"type": "string"}
+
+
+_SUCCESS = {
+    202: {"description": "Accepted: workers are being started or stopped"},
+    206: {"description": "Workers scaling in progress"},
+}
+_REGISTER_BODY = {
+    "required": False,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["url"],
+                "properties": {name: _schema(name) for name in _REGISTER_PARAMS},
+            }
+        }
+    },
+}
 
 
 def _build(title: str, version: str, operations: list[tuple[Any, ...]]) -> dict[str, Any]:
     paths: dict[str, Any] = {}
-    for method, path, op_id, summary, query, errors in operations:
+    for method, path, op_id, summary, query, errors, *more in operations:
         params = [
             {"in": "path", "name": seg[1:-1], "required": True, "schema": {"type": "string"}}
             for seg in path.replace(":", "/").split("/")
             if seg.startswith("{")
         ]
         params += [
-            {"in": "query", "name": q, "required": False, "schema": {"type": "string"}}
-            for q in query
+            {"in": "query", "name": q, "required": False, "schema": _schema(q)} for q in query
         ]
         responses: dict[str, Any] = {"200": {"description": "OK"}}
+        responses.update({str(code): _SUCCESS[code] for code in (more or [[]])[0]})
         responses.update({str(code): _ERROR for code in errors})
-        paths.setdefault(path, {})[method] = {
+        operation: dict[str, Any] = {
             "operationId": op_id,
             "summary": summary,
             "parameters": params,
             "responses": responses,
         }
+        if op_id == "registerModel":
+            operation["requestBody"] = _REGISTER_BODY
+        paths.setdefault(path, {})[method] = operation
     return {"openapi": "3.0.1", "info": {"title": title, "version": version}, "paths": paths}
 
 

@@ -6,10 +6,12 @@ Startup (``--models``), the management API and snapshot restore all go through t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +27,17 @@ from serve.errors import (
     ServeError,
 )
 from serve.model import ModelSource, ModelVersion
-from serve.sources import ModelSources
+from serve.sources import ModelLocation, ModelSources
 
 if TYPE_CHECKING:
     from serve.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
+
+# TorchServe's rule for model names; versions follow it too. Both become file and socket names and
+# URL path segments, so nothing else (no '/', no '..') may pass.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
+RUNTIMES = ("python", "python3")
 
 
 @dataclass
@@ -61,6 +68,9 @@ class Registry:
         self.extract_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.listeners: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
+        self._quiet = 0
+        # (name, version) -> how a snapshot finds the archive again without fetching it.
+        self._archives: dict[tuple[str, str], str] = {}
 
     # ----- lookups ---------------------------------------------------------------------
 
@@ -103,19 +113,41 @@ class Registry:
         settings: dict[str, Any] | None = None,
         loaded_at_startup: bool = False,
         make_default: bool = False,
+        fallback_workers: int | None = None,
+        model_url: str | None = None,
     ) -> ModelVersion:
-        """Open the archive ``url`` names, add it as a new version and start its workers."""
-        path = await self.sources.resolve(url)
+        """Open the archive ``url`` names, add it as a new version and start its workers.
+
+        Settings: server defaults < the archive's ``model-config.yaml`` < ``settings``. Workers:
+        ``initial_workers``, else the yaml ``minWorkers``, else ``fallback_workers``, else
+        `default_workers`. ``model_url`` is the URL to report when ``url`` is a stored copy of it.
+        """
+        if model_name:
+            _check_name(model_name, "model_name")
+        if runtime and runtime not in RUNTIMES:
+            raise BadRequest(
+                f"Invalid runtime {runtime!r}: Lantern runs {' and '.join(RUNTIMES)} handlers."
+            )
+        if initial_workers is not None and initial_workers < 0:
+            raise BadRequest("initial_workers cannot be negative.")
+        location = await self.sources.resolve(url)
         dest = self.extract_dir / uuid.uuid4().hex
         try:
-            archive = await asyncio.to_thread(open_archive, path, dest)
-        except ArchiveError as exc:
+            archive = await asyncio.to_thread(open_archive, location.path, dest)
+            name = model_name or archive.model_name
+            version = str(archive.version or "1.0")
+            _check_name(name, "model name")
+            _check_name(version, "model version")
+            if version == "all":  # GET /models/{m}/all lists versions: this one could not be named
+                raise BadRequest("Model version 'all' is reserved.")
+        except (ArchiveError, BadRequest, OSError) as exc:
             shutil.rmtree(dest, ignore_errors=True)
+            _forget_download(location)
+            if isinstance(exc, BadRequest):
+                raise
             raise BadRequest(f"Invalid model archive {url}: {exc}") from exc
-        name = model_name or archive.model_name
-        version = str(archive.version or "1.0")
         source = ModelSource(
-            url=url,
+            url=model_url or url,
             model_dir=archive.model_dir,
             manifest=archive.manifest,
             model_config=archive.model_config,
@@ -130,7 +162,7 @@ class Registry:
         if workers is None:
             workers = model_settings.min_workers
         if workers is None:
-            workers = self.default_workers()
+            workers = fallback_workers if fallback_workers is not None else self.default_workers()
         async with self._lock:
             entry = self.models.get(name)
             if entry is not None and version in entry.versions:
@@ -151,7 +183,8 @@ class Registry:
             entry.versions[version] = model
             if make_default:
                 entry.default_version = version
-        logger.info("Registered model %s version %s from %s", name, version, url)
+            self._archives[(name, version)] = location.store_name
+        logger.info("Registered model %s version %s from %s", name, version, source.url)
         try:
             await model.scale(workers, model_settings.max_workers, wait=synchronous)
         except ServeError:
@@ -176,16 +209,20 @@ class Registry:
         *,
         synchronous: bool,
     ) -> ModelVersion:
+        """Set a version's worker count; with ``synchronous``, return once it is reached."""
         if min_worker < 0:
-            raise BadRequest("min_worker cannot be negative")
+            raise BadRequest("min_worker cannot be negative.")
         if max_worker is not None and max_worker < min_worker:
-            raise BadRequest("max_worker cannot be less than min_worker")
+            raise BadRequest("max_worker cannot be less than min_worker.")
         model = self.get(name, version)
-        await model.scale(min_worker, max_worker, wait=synchronous)
-        self.changed()
+        try:
+            await model.scale(min_worker, max_worker, wait=synchronous)
+        finally:
+            self.changed()  # the new count stands even when some workers failed to start
         return model
 
     def set_default(self, name: str, version: str) -> ModelVersion:
+        """Route unversioned requests to ``version`` from now on (the next request sees it)."""
         model = self.get(name, version)
         self.models[name].default_version = model.version
         self.changed()
@@ -204,6 +241,7 @@ class Registry:
             del entry.versions[model.version]
             if not entry.versions:
                 del self.models[name]
+            self._archives.pop((name, model.version), None)
         await model.drain(self.config.unregister_model_timeout)
         await model.stop()
         _cleanup(model.source)
@@ -220,6 +258,7 @@ class Registry:
                     del self.models[model.name]
                 elif entry.default_version == model.version:
                     entry.default_version = next(iter(entry.versions))
+                self._archives.pop((model.name, model.version), None)
         await model.stop()
         _cleanup(model.source)
 
@@ -232,7 +271,19 @@ class Registry:
         for model in self.all_versions():
             _cleanup(model.source)
 
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Hold back change notifications: one snapshot after a whole restore, not one per step."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+
     def changed(self) -> None:
+        """Tell the listeners (the snapshot writer) that models, versions or workers changed."""
+        if self._quiet:
+            return
         for listener in self.listeners:
             try:
                 listener()
@@ -247,8 +298,10 @@ class Registry:
             for mv in entry.versions.values():
                 versions[mv.version] = {
                     "defaultVersion": mv.version == entry.default_version,
-                    "marName": mv.source.url,
+                    "marName": self._archives.get((entry.name, mv.version), mv.source.url),
+                    "modelUrl": mv.source.url,
                     "handler": mv.source.handler,
+                    "runtime": mv.source.runtime,
                     **_settings_dict(mv.settings),
                     "minWorkers": mv.min_workers,
                     "maxWorkers": mv.max_workers,
@@ -259,6 +312,20 @@ class Registry:
 
 def _settings_dict(settings: ModelSettings) -> dict[str, Any]:
     return settings.as_yaml_dict()
+
+
+def _check_name(value: str, what: str) -> None:
+    if not _NAME.fullmatch(value):
+        raise BadRequest(
+            f"Invalid {what} {value!r}: use letters, digits, '_', '-' and '.', "
+            "starting with a letter or digit."
+        )
+
+
+def _forget_download(location: ModelLocation) -> None:
+    """A file this call downloaded that is no archive must not block the next attempt."""
+    if location.downloaded:
+        location.path.unlink(missing_ok=True)
 
 
 def _cleanup(source: ModelSource) -> None:

@@ -70,6 +70,8 @@ def create_inference_app(
             if explain:
                 headers["explain"] = "True"
             item = BatchItem(rid, headers, params)
+            # Look again: the default version may have changed while the body was read.
+            model = state.registry.get(name, version)
             result = await model.submit(item, _timeout(request))
             status = result.status
             return _result_response(result, rid, state.config.max_response_size)
