@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 
 class PredictionException(Exception):
     """Raised by a handler to fail a request with a chosen HTTP status (TorchServe's contract)."""
@@ -26,3 +28,31 @@ class InvalidHandlerOutput(RuntimeError):
 
 class UnsupportedOutputType(InvalidHandlerOutput):
     """A handler result that cannot be serialised (not bytes, str, tensor or JSON-able)."""
+
+
+def report_failure(
+    exc: BaseException, request_ids: list[str], logger: logging.Logger
+) -> tuple[int, str, str]:
+    """Log a handler failure once (traceback and request ids) and say how to answer it.
+
+    Returns ``(status, type, message)``: a `PredictionException` keeps its code and message;
+    out-of-memory is 507; anything else is a 500 named after the exception type.
+    """
+    if isinstance(exc, PredictionException):
+        code, kind = int(exc.error_code or 500), "PredictionException"
+    elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        code, kind = 507, "OutOfResources"
+    else:
+        code, kind = 500, type(exc).__name__
+    logger.error(
+        "Handler raised %s for request(s) %s",
+        kind,
+        ", ".join(request_ids),
+        exc_info=exc,
+        extra={"request_ids": request_ids},
+    )
+    # PredictionException's str() is "msg : code" (TorchServe); clients get the message alone.
+    message = str(getattr(exc, "message", None) or exc) or kind
+    if kind != "PredictionException":
+        message = f"{kind}: {message}"
+    return code, kind, message

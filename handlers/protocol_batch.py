@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from handlers import tensor_models
+from handlers.exceptions import report_failure
 from handlers.tensor_models import Job, ModelAdapter, Outputs
 from serve.errors import BadRequest, ServeError
 from serve.protocol import Frame, MsgType
@@ -370,19 +371,7 @@ def _run_custom(
     try:
         results = service.predict(rows, context)
     except Exception as exc:
-        code, kind = _handler_error(exc)
-        ids = [p.req["id"] for p, _ in owners]
-        logger.error(
-            "Handler raised %s for request(s) %s",
-            kind,
-            ", ".join(ids),
-            exc_info=True,
-            extra={"request_ids": ids},
-        )
-        # PredictionException's str() is "msg : code" (TorchServe); clients get the message.
-        message = str(getattr(exc, "message", None) or exc) or kind
-        if kind != "PredictionException":
-            message = f"{kind}: {message}"
+        code, kind, message = report_failure(exc, [p.req["id"] for p, _ in owners], logger)
         for p, _ in owners:
             answers[p.index] = _error(p.req, code, kind, message)
         return dict(getattr(context, "handler_timings", None) or {})
@@ -414,16 +403,6 @@ def _run_custom(
         except Exception as exc:
             answers[p.index] = _failure(p.req, exc)
     return dict(getattr(context, "handler_timings", None) or {})
-
-
-def _handler_error(exc: BaseException) -> tuple[int, str]:
-    from handlers.exceptions import PredictionException
-
-    if isinstance(exc, PredictionException):
-        return int(getattr(exc, "error_code", 500) or 500), "PredictionException"
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return 507, "OutOfResources"
-    return 500, type(exc).__name__
 
 
 def _message(value: Any) -> str:

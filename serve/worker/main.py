@@ -100,19 +100,10 @@ def load(spec: dict[str, Any]) -> tuple[Any, Any]:
     return service, context
 
 
-def _error_status(exc: BaseException) -> tuple[int, str]:
-    from handlers.exceptions import PredictionException
-
-    if isinstance(exc, PredictionException):
-        return int(getattr(exc, "error_code", 500) or 500), "PredictionException"
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return 507, "OutOfResources"
-    return 500, type(exc).__name__
-
-
 def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     """Run one PREDICT frame through the handler and build its RESULT frame."""
     from handlers.context import RequestProcessor
+    from handlers.exceptions import report_failure
     from handlers.inputs import decode_value
     from handlers.output import encode_output
     from handlers.tensor_path import run_protocol_batch
@@ -157,20 +148,8 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
             )
             bodies.append(body)
     except Exception as exc:  # a handler bug must not end the worker
-        code, kind = _error_status(exc)
-        ids = [req["id"] for req in requests]
         # One record (traceback included) carrying the ids the clients got in x-request-id.
-        logger.error(
-            "Handler raised %s for request(s) %s",
-            kind,
-            ", ".join(ids),
-            exc_info=True,
-            extra={"request_ids": ids},
-        )
-        # PredictionException's str() is "msg : code" (TorchServe); clients get the message.
-        message = str(getattr(exc, "message", None) or exc) or kind
-        if kind != "PredictionException":
-            message = f"{kind}: {message}"
+        code, kind, message = report_failure(exc, [req["id"] for req in requests], logger)
         items = [
             {"error": {"code": code, "type": kind, "message": message, "request_id": req["id"]}}
             for req in requests
