@@ -21,12 +21,10 @@ from serve.apps.common import (
     json_response,
     request_id,
 )
-from serve.errors import BadRequest, ServeError
-from serve.inputs import read_params
+from serve.errors import ServeError
+from serve.inputs import read_params, request_timeout
 from serve.openapi import inference_description
 from serve.worker.process import BatchItem, ItemResult
-
-TIMEOUT_HEADER = "x-request-timeout"  # seconds; a per-request deadline below responseTimeout
 
 
 def create_inference_app(
@@ -72,7 +70,7 @@ def create_inference_app(
             item = BatchItem(rid, headers, params)
             # Look again: the default version may have changed while the body was read.
             model = state.registry.get(name, version)
-            result = await model.submit(item, _timeout(request))
+            result = await model.submit(item, request_timeout(request))
             status = result.status
             return _result_response(result, rid, state.config.max_response_size)
         except ServeError as err:
@@ -139,19 +137,6 @@ class InferenceApp:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-def _timeout(request: Request) -> float | None:
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadRequest(f"Header {TIMEOUT_HEADER} must be a number of seconds.") from None
-    if value <= 0:
-        raise BadRequest(f"Header {TIMEOUT_HEADER} must be positive.")
-    return value
 
 
 def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:

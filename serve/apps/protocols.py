@@ -29,16 +29,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
+from serve import inputs
 from serve.apps.common import NO_CACHE_HEADERS, ServerState, request_id
-from serve.apps.inference import TIMEOUT_HEADER
 from serve.errors import (
     BadRequest,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     ServeError,
     WorkerError,
 )
+from serve.inputs import request_timeout
 from serve.model import ModelVersion
 from serve.protocols import (
     KSERVE_V1,
@@ -146,17 +146,7 @@ class _JsonErrors:
 
 async def read_body(request: Request, max_size: int) -> bytes:
     """The request body, decompressed when ``Content-Encoding`` is gzip or deflate."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_size:
-        raise _too_large(max_size)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_size:
-            raise _too_large(max_size)
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    body = await inputs.read_body(request, max_size)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -170,14 +160,10 @@ async def read_body(request: Request, max_size: int) -> bytes:
     except zlib.error as exc:
         raise BadRequest(f"The {encoding} body could not be decompressed: {exc}") from None
     if len(data) > max_size or inflater.unconsumed_tail:
-        raise _too_large(max_size)
+        raise inputs.too_large(max_size)
     if not inflater.eof:
         raise BadRequest(f"The {encoding} body could not be decompressed: it is truncated.")
     return data
-
-
-def _too_large(max_size: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"Request body exceeds max_request_size of {max_size} bytes.")
 
 
 def _forward_headers(request: Request, kind: str) -> dict[str, str]:
@@ -193,14 +179,8 @@ def _forward_headers(request: Request, kind: str) -> dict[str, str]:
 
 def _timeout(request: Request, timeout_us: int | None = None) -> float | None:
     limits = []
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is not None:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise BadRequest(f"Header {TIMEOUT_HEADER} must be a number of seconds.") from None
-        if value <= 0:
-            raise BadRequest(f"Header {TIMEOUT_HEADER} must be positive.")
+    value = request_timeout(request)
+    if value is not None:
         limits.append(value)
     if timeout_us:
         limits.append(timeout_us / 1e6)
