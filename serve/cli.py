@@ -188,7 +188,13 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
             tail = (log_dir / "console.log").read_text(errors="replace").splitlines()[-15:]
             raise click.ClickException("Lantern exited during startup:\n" + "\n".join(tail))
         state = _read_state(state_file)
-        if state and _ping(state["addresses"]["inference"]) == 200:
+        health = _ping(state["addresses"]["inference"]) if state else None
+        if state and state.get("started") and health != 200:
+            raise click.ClickException(
+                f"Lantern (pid {proc.pid}) is running, but not every model loaded (/ping is "
+                f"Unhealthy); see {log_dir / 'lantern.log'} and {log_dir / 'model_log.log'}."
+            )
+        if state and health == 200:
             click.echo(f"Lantern is running (pid {proc.pid}).")
             for name, address in state["addresses"].items():
                 click.echo(f"  {name:<10} {address}")

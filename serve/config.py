@@ -128,6 +128,7 @@ class Config:
             response_timeout=self.default_response_timeout,
             startup_timeout=self.default_startup_timeout,
             job_queue_size=self.job_queue_size,
+            max_retry_timeout_in_sec=self.max_retry_timeout_in_sec,
         )
 
 

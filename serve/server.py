@@ -129,6 +129,13 @@ class Server:
         await self.registry.drain(self.config.drain_timeout)
 
     async def _load_startup_models(self) -> None:
+        try:
+            await self._register_startup_models()
+        finally:
+            self.state.starting = False
+            self._write_state_file()  # tells a waiting `serve start` that loading has ended
+
+    async def _register_startup_models(self) -> None:
         from serve.snapshot import SnapshotStore
 
         snapshots = SnapshotStore(Path(self.config.log_dir) / "config")
@@ -152,7 +159,7 @@ class Server:
                 )
             except ServeError as exc:
                 logger.error("Failed to load model %s at startup: %s", spec, exc.message)
-                self.state.extras.setdefault("startup_failures", []).append(spec)
+                self.state.startup_failures.append(spec)
         results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
         for model, result in zip(models, results, strict=True):
             if isinstance(result, Exception):
@@ -171,6 +178,7 @@ class Server:
             "addresses": self.addresses,
             "key_file": str(self.state.auth.key_file) if self.state.auth else None,
             "log_dir": str(Path(self.config.log_dir).resolve()),
+            "started": not self.state.starting,
         }
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))

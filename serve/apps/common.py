@@ -39,7 +39,8 @@ class ServerState:
     metrics: ServerMetrics
     auth: TokenAuth | None = None
     version: str = "0.1.0"
-    extras: dict[str, Any] = field(default_factory=dict)
+    starting: bool = True  # until the startup models (or the snapshot) are registered and loaded
+    startup_failures: list[str] = field(default_factory=list)  # startup models never registered
 
 
 def request_id(request: Request) -> str:

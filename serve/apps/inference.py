@@ -33,8 +33,10 @@ def create_inference_app(
     """The inference app; protocol modules add their routes through ``extra_routes``."""
 
     async def ping(request: Request) -> Response:
-        # A model named at startup that could not even be registered keeps us Unhealthy.
-        healthy = state.registry.is_healthy() and not state.extras.get("startup_failures")
+        # Unhealthy while startup models load, and for good if one could not even be registered.
+        healthy = (
+            not state.starting and not state.startup_failures and state.registry.is_healthy()
+        )
         return json_response(
             {"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.server import echo_archive, pid_alive
+from tests.support.server import build_archive, echo_archive, pid_alive
 
 
 def serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -94,3 +94,40 @@ def test_bad_config_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "batch_sise" in result.stderr
+
+
+def test_start_reports_a_model_that_does_not_load(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    handler = tmp_path / "broken.py"
+    handler.write_text("def handle(data, context):\n    raise RuntimeError('no weights')\n")
+    build_archive(store, "broken", handler)
+    state = tmp_path / "server.json"
+    result = serve(
+        "start",
+        "--model-store",
+        str(store),
+        "--models",
+        "broken.mar",
+        "--pid-file",
+        str(state),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--disable-token-auth",
+        "--inference-address",
+        "http://127.0.0.1:0",
+        "--management-address",
+        "http://127.0.0.1:0",
+        "--metrics-address",
+        "http://127.0.0.1:0",
+        cwd=tmp_path,
+    )
+    try:
+        assert result.returncode != 0
+        assert "not every model loaded" in result.stderr
+        info = json.loads(state.read_text())
+        assert pid_alive(info["pid"])  # like torchserve, the server itself keeps running
+        ping = httpx.get(f"{info['addresses']['inference']}/ping")
+        assert ping.status_code == 500
+    finally:
+        serve("stop", "--pid-file", str(state), cwd=tmp_path)
