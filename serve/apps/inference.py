@@ -34,9 +34,7 @@ def create_inference_app(
 
     async def ping(request: Request) -> Response:
         # Unhealthy while startup models load, and for good if one could not even be registered.
-        healthy = (
-            not state.starting and not state.startup_failures and state.registry.is_healthy()
-        )
+        healthy = not state.starting and not state.startup_failures and state.registry.is_healthy()
         return json_response(
             {"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500
         )

@@ -331,7 +331,11 @@ def test_ping_is_unhealthy_when_a_startup_model_cannot_be_found(tmp_path: Path) 
 
 
 def test_clients_cannot_pose_as_internal_protocol_requests(server: LanternServer) -> None:
-    resp = post(server, "/predictions/echo", "plain",
-                headers={"content-type": "text/plain", "x-lantern-protocol": "oip"})
+    resp = post(
+        server,
+        "/predictions/echo",
+        "plain",
+        headers={"content-type": "text/plain", "x-lantern-protocol": "oip"},
+    )
     assert resp.status_code == 200
     assert resp.json()["echo"] == "plain"

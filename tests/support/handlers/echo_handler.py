@@ -33,8 +33,8 @@ def handle(data, context):
                 "request_id": context.get_request_id(idx),
                 "url_path": context.get_request_header(idx, "url_path"),
                 "explain": context.get_request_header(idx, "explain"),
-            "threads": context.system_properties.get("num_threads"),
-            "cpus": sorted(os.sched_getaffinity(0)),
+                "threads": context.system_properties.get("num_threads"),
+                "cpus": sorted(os.sched_getaffinity(0)),
                 "query": {
                     k: (v.decode() if isinstance(v, (bytes, bytearray)) else v)
                     for k, v in row.items()
