@@ -33,6 +33,7 @@ def server(
     )
     echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
     echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
+    echo_archive(store, "gpus", config={"minWorkers": 2, "deviceIds": [3, 5]})
     echo_archive(store, "tiny_queue", config={"jobQueueSize": 2, "minWorkers": 1})
     echo_archive(store, "no_workers", config={"minWorkers": 0})
     config = work / "config.yaml"
@@ -46,6 +47,7 @@ def server(
             "batched=batched.mar",
             "tiny_queue=tiny_queue.mar",
             "pinned.mar",
+            "gpus.mar",
             "no_workers=no_workers.mar",
         ],
         args=["--config", str(config)],
@@ -339,3 +341,16 @@ def test_clients_cannot_pose_as_internal_protocol_requests(server: LanternServer
     )
     assert resp.status_code == 200
     assert resp.json()["echo"] == "plain"
+
+
+def test_gpu_ids_go_round_robin_over_device_ids(server: LanternServer) -> None:
+    with cf.ThreadPoolExecutor(4) as pool:
+        bodies = [
+            r.json()
+            for r in pool.map(lambda i: post(server, "/predictions/gpus", "sleep 0.2"), range(4))
+        ]
+    assert {b["gpu_id"] for b in bodies} == {3, 5}
+    workers = server.describe("gpus")[0]["workers"]
+    assert all(w["gpu"] for w in workers)
+    if not Path("/dev/nvidia0").exists():  # on a CPU host a worker gets no GPU
+        assert post(server, "/predictions/echo", "x").json()["gpu_id"] is None
