@@ -30,21 +30,42 @@ class Job:
     retries: int = 0
     dispatched_at: float = 0.0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    stream: asyncio.Queue[ItemResult | ServeError | None] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
         return self.future.done()
 
+    def push_chunk(self, chunk: ItemResult) -> None:
+        """An intermediate chunk from a streaming handler.
+
+        The first one answers the request at once, as a result whose ``stream`` yields the later
+        chunks and then the final result (or error).
+        """
+        if self.stream is not None:
+            self.stream.put_nowait(chunk)
+        elif not self.future.done():  # not answered yet (by a timeout, say)
+            self.stream = asyncio.Queue()
+            self.future.set_result(
+                ItemResult(chunk.status, chunk.body, chunk.content_type, stream=self.stream)
+            )
+
     def resolve(self, result: ItemResult) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if not self.future.done():
+        if self.stream is not None:
+            self.stream.put_nowait(result)
+            self.stream.put_nowait(None)
+        elif not self.future.done():
             self.future.set_result(result)
 
     def fail(self, error: ServeError) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if not self.future.done():
+        if self.stream is not None:
+            self.stream.put_nowait(error)
+            self.stream.put_nowait(None)
+        elif not self.future.done():
             self.future.set_exception(error)
 
 

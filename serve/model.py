@@ -385,7 +385,9 @@ class ModelVersion:
 
         watchdog = loop.call_later(self.settings.effective_hard_timeout, kill_stuck)
         try:
-            outcome = await proc.run_batch([job.item for job in jobs])
+            outcome = await proc.run_batch(
+                [job.item for job in jobs], lambda chunks: _deliver_chunks(jobs, chunks)
+            )
         except WorkerDied:
             if killed_for_time:
                 for job in jobs:
@@ -549,3 +551,8 @@ def _visible_gpus(cap: int | None) -> int:
             except OSError:
                 _GPU_COUNT = 0
     return min(_GPU_COUNT, cap) if cap is not None else _GPU_COUNT
+
+
+def _deliver_chunks(jobs: list[Job], chunks: list[ItemResult]) -> None:
+    for job, chunk in zip(jobs, chunks, strict=False):
+        job.push_chunk(chunk)

@@ -33,6 +33,7 @@ class MsgType(enum.IntEnum):
     DESCRIBE = 6  # frontend → worker: run the handler's describe_handle
     SHUTDOWN = 7  # frontend → worker: finish and exit
     LOG = 8  # reserved
+    PARTIAL = 9  # worker → frontend: an intermediate (streamed) chunk for each batch item
 
 
 class ProtocolError(Exception):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from serve.apps.common import (
@@ -25,6 +26,8 @@ from serve.errors import ServeError
 from serve.inputs import read_params, request_timeout
 from serve.openapi import inference_description
 from serve.worker.process import BatchItem, ItemResult
+
+logger = logging.getLogger(__name__)
 
 
 def create_inference_app(
@@ -104,7 +107,7 @@ class InferenceApp:
     """The Starlette app with the prediction routes taken straight to their endpoint.
 
     A prediction skips Starlette's two middlewares, its scan of every route's regex and its
-    request/response wrappers: about a sixth of the frontend's CPU per request (see
+    request/response wrappers: a tenth of the frontend's CPU per request on uvicorn (see
     ``docs/performance.md``). Every other request, and any prediction path that Starlette would
     treat differently, goes through Starlette unchanged.
     """
@@ -140,6 +143,8 @@ class InferenceApp:
 
 
 def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
+    if result.stream is not None:
+        return _streaming_response(result, rid)
     if len(result.body) > max_size:
         return error_response(
             ServeError(f"The model's response exceeds max_response_size of {max_size} bytes."), rid
@@ -147,3 +152,26 @@ def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
     headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
     media_type = result.content_type or "application/octet-stream"
     return Response(result.body, status_code=result.status, headers=headers, media_type=media_type)
+
+
+def _streaming_response(first: ItemResult, rid: str) -> Response:
+    """A handler that calls ``send_intermediate_predict_response``: chunked transfer, as TorchServe.
+
+    The status is the first chunk's; an error after it can only end the stream (and is logged).
+    """
+    stream = first.stream
+    assert stream is not None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield first.body
+        while (item := await stream.get()) is not None:
+            if isinstance(item, ServeError):
+                logger.error("Request %s failed mid-stream: %s", rid, item.message)
+                return
+            yield item.body
+
+    headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
+    media_type = first.content_type or "application/octet-stream"
+    return StreamingResponse(
+        chunks(), status_code=first.status, headers=headers, media_type=media_type
+    )

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from serve.logs import encode_worker_record
@@ -98,6 +99,21 @@ def load(spec: dict[str, Any]) -> tuple[Any, Any]:
     )
     service = load_service(spec["model_dir"], manifest, context, handler=spec.get("handler"))
     return service, context
+
+
+def _chunk_sender(conn: Connection, seq: int) -> Callable[[dict[str, Any]], None]:
+    """Where ``send_intermediate_predict_response`` chunks go: straight to the frontend."""
+    from handlers.output import encode_output
+
+    def send(chunk: dict[str, Any]) -> None:
+        items, bodies = [], []
+        for value in chunk["results"]:
+            body, content_type = encode_output(value)
+            items.append({"ct": content_type})
+            bodies.append(body)
+        conn.send(Frame(MsgType.PARTIAL, seq, {"items": items}, tuple(bodies)))
+
+    return send
 
 
 def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
@@ -205,6 +221,7 @@ def main(argv: list[str]) -> int:
         if frame is None or frame.type == MsgType.SHUTDOWN:
             return 0
         if frame.type == MsgType.PREDICT:
+            context.intermediate_sink = _chunk_sender(conn, frame.seq)
             conn.send(run_batch(service, context, frame, decode))
         sys.stdout.flush()
 

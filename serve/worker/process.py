@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class ItemResult:
     body: bytes
     content_type: str | None
     headers: dict[str, str] = field(default_factory=dict)
+    # For a streaming handler: the later chunks, then the final result or error, then None.
+    stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +85,7 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._partials: dict[int, Callable[[list[ItemResult]], None]] = {}
         self._seq = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._exited = asyncio.Event()
@@ -173,6 +177,12 @@ class WorkerProcess:
         try:
             while data := await reader.read(1 << 20):
                 for frame in decoder.feed(data):
+                    if frame.type == MsgType.PARTIAL:
+                        on_partial = self._partials.get(frame.seq)
+                        if on_partial is not None:
+                            on_partial(_partial_results(frame))
+                        continue
+                    self._partials.pop(frame.seq, None)
                     future = self._pending.pop(frame.seq, None)
                     if future is not None and not future.done():
                         future.set_result(frame)
@@ -225,8 +235,16 @@ class WorkerProcess:
             if not future.done():
                 future.set_exception(WorkerDied(f"Worker {self.worker_id} died."))
 
-    async def run_batch(self, items: list[BatchItem]) -> BatchOutcome:
-        """Send one batch and wait for its results; raises `WorkerDied` if the process dies."""
+    async def run_batch(
+        self,
+        items: list[BatchItem],
+        on_partial: Callable[[list[ItemResult]], None] | None = None,
+    ) -> BatchOutcome:
+        """Send one batch and wait for its results; raises `WorkerDied` if the process dies.
+
+        ``on_partial`` receives each intermediate chunk a streaming handler sends (one result per
+        item) before the final results.
+        """
         if self._writer is None or self.state == WorkerState.DEAD:
             raise WorkerDied(f"Worker {self.worker_id} is not running.")
         self._seq += 1
@@ -244,11 +262,14 @@ class WorkerProcess:
         payloads = tuple(p[2] for it in items for p in it.params)
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
+        if on_partial is not None:
+            self._partials[seq] = on_partial
         try:
             self._writer.writelines(encode(Frame(MsgType.PREDICT, seq, meta, payloads)))
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             self._pending.pop(seq, None)
+            self._partials.pop(seq, None)
             raise WorkerDied(f"Worker {self.worker_id} died.") from exc
         frame = await future
         return _outcome(frame)
@@ -301,3 +322,10 @@ def _outcome(frame: Frame) -> BatchOutcome:
                 ItemResult(item["status"], body, item.get("ct"), item.get("headers") or {})
             )
     return BatchOutcome(results, frame.meta.get("timings", {}), frame.meta.get("metrics", []))
+
+
+def _partial_results(frame: Frame) -> list[ItemResult]:
+    return [
+        ItemResult(200, body, item.get("ct"))
+        for item, body in zip(frame.meta["items"], frame.payloads, strict=True)
+    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import LanternServer, echo_archive
+from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
 
 MAX_REQUEST = 200_000
 
@@ -34,6 +34,7 @@ def server(
     echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
     echo_archive(store, "pinned", config={"minWorkers": 2, "cpuAffinity": True})
     echo_archive(store, "gpus", config={"minWorkers": 2, "deviceIds": [3, 5]})
+    build_archive(store, "stream", HANDLERS / "stream_handler.py")
     echo_archive(store, "tiny_queue", config={"jobQueueSize": 2, "minWorkers": 1})
     echo_archive(store, "no_workers", config={"minWorkers": 0})
     config = work / "config.yaml"
@@ -47,6 +48,7 @@ def server(
             "batched=batched.mar",
             "tiny_queue=tiny_queue.mar",
             "pinned.mar",
+            "stream.mar",
             "gpus.mar",
             "no_workers=no_workers.mar",
         ],
@@ -354,3 +356,19 @@ def test_gpu_ids_go_round_robin_over_device_ids(server: LanternServer) -> None:
     assert all(w["gpu"] for w in workers)
     if not Path("/dev/nvidia0").exists():  # on a CPU host a worker gets no GPU
         assert post(server, "/predictions/echo", "x").json()["gpu_id"] is None
+
+
+def test_intermediate_responses_stream_as_chunks(server: LanternServer) -> None:
+    arrivals = []
+    started = time.monotonic()
+    with httpx.stream(
+        "POST", f"{server.inference}/predictions/stream", content=b"go", timeout=30
+    ) as resp:
+        assert resp.status_code == 200
+        assert resp.headers.get("transfer-encoding") == "chunked"
+        assert resp.headers["x-request-id"]
+        for chunk in resp.iter_text():
+            arrivals.append((time.monotonic() - started, chunk))
+    assert "".join(c for _, c in arrivals) == "part0 part1 part2 done"
+    # The first part left the server long before the handler finished (3 × 0.3 s of sleeps).
+    assert arrivals[0][0] < arrivals[-1][0] - 0.4
