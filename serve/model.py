@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from serve.batching import Job, JobQueue, plan_batches
 from serve.config import Config, ModelSettings
+from serve.devices import visible_gpus
 from serve.errors import (
     GatewayTimeout,
     NoHealthyWorkers,
@@ -198,7 +199,7 @@ class ModelVersion:
             return None
         ids = self.settings.device_ids
         if not ids:
-            count = _visible_gpus(self.config.number_of_gpu)
+            count = visible_gpus(self.config.number_of_gpu)
             ids = list(range(count))
         return ids[index % len(ids)] if ids else None
 
@@ -461,96 +462,6 @@ class ModelVersion:
                 await slot.process.stop(grace)
         finally:
             slot.stopped.set()
-
-    def describe(self) -> dict[str, Any]:
-        """The TorchServe describe-model object (without ``customizedMetadata``)."""
-        s = self.settings
-        workers = []
-        for slot in self.slots:
-            proc = slot.process
-            workers.append(
-                {
-                    "id": slot.worker_id,
-                    "startTime": _iso(proc.started_at if proc else time.time()),
-                    "status": "READY"
-                    if slot.state in (WorkerState.READY, WorkerState.BUSY)
-                    else "UNLOADING"
-                    if slot.state == WorkerState.STOPPING
-                    else slot.state.value,
-                    "memoryUsage": _rss(proc.pid if proc else None),
-                    "pid": proc.pid if proc and proc.pid else -1,
-                    "gpu": slot.gpu_id is not None,
-                    "gpuUsage": "N/A",
-                }
-            )
-        data: dict[str, Any] = {
-            "modelName": self.name,
-            "modelVersion": self.version,
-            "modelUrl": self.source.url,
-            "runtime": self.source.runtime,
-            "minWorkers": self.min_workers,
-            "maxWorkers": self.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay,
-            "responseTimeout": int(s.response_timeout),
-            "startupTimeout": int(s.startup_timeout),
-            "maxRetryTimeoutInSec": int(s.max_retry_timeout_in_sec),
-            "clientTimeoutInMills": 0,
-            "parallelType": "",
-            "parallelLevel": 0,
-            "deviceType": s.device_type or ("gpu" if any(w["gpu"] for w in workers) else "cpu"),
-            "continuousBatching": False,
-            "useJobTicket": False,
-            "useVenv": False,
-            "stateful": False,
-            "sequenceMaxIdleMSec": 0,
-            "sequenceTimeoutMSec": 0,
-            "maxNumSequence": 1,
-            "maxSequenceJobQueueSize": 1,
-            "loadedAtStartup": self.loaded_at_startup,
-            "workers": workers,
-            "jobQueueStatus": {
-                "remainingCapacity": self.queue.capacity - len(self.queue),
-                "pendingRequests": self.queue.live_count(),
-            },
-        }
-        if s.device_ids:
-            data["deviceIds"] = s.device_ids
-        return data
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
-
-
-def _rss(pid: int | None) -> int:
-    if not pid:
-        return 0
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-_GPU_COUNT: int | None = None
-
-
-def _visible_gpus(cap: int | None) -> int:
-    """GPUs visible to workers, found without importing torch in the frontend."""
-    global _GPU_COUNT
-    if _GPU_COUNT is None:
-        env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if env is not None:
-            _GPU_COUNT = len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
-        else:
-            try:
-                _GPU_COUNT = len(
-                    [d for d in os.listdir("/dev") if d[:6] == "nvidia" and d[6:].isdigit()]
-                )
-            except OSError:
-                _GPU_COUNT = 0
-    return min(_GPU_COUNT, cap) if cap is not None else _GPU_COUNT
 
 
 def _deliver_chunks(jobs: list[Job], chunks: list[ItemResult]) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from archiver import ArchiveError, open_archive
 from serve.config import Config, ModelSettings
+from serve.devices import visible_gpus
 from serve.errors import (
     BadRequest,
     Conflict,
@@ -196,9 +197,7 @@ class Registry:
     def default_workers(self) -> int:
         if self.config.default_workers_per_model > 0:
             return self.config.default_workers_per_model
-        from serve.model import _visible_gpus
-
-        return max(1, _visible_gpus(self.config.number_of_gpu))
+        return max(1, visible_gpus(self.config.number_of_gpu))
 
     async def scale(
         self,

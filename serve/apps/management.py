@@ -26,6 +26,7 @@ from serve.apps.common import (
     parse_bool,
     parse_int,
 )
+from serve.describe import describe_model
 from serve.errors import BadRequest, MethodNotAllowed, error_for_status
 from serve.model import ModelVersion
 from serve.openapi import management_description
@@ -117,9 +118,9 @@ def create_management_app(state: ServerState) -> Starlette:
         version = request.path_params.get("version")
         customized = parse_bool(request.query_params.get("customized"), False)
         if version == "all":  # TorchServe ignores customized=true here too
-            return json_response([m.describe() for m in registry.versions(name)])
+            return json_response([describe_model(m) for m in registry.versions(name)])
         model = registry.get(name, version)
-        data = model.describe()
+        data = describe_model(model)
         if customized:
             data["customizedMetadata"] = await _customized(model)
         return json_response([data])

@@ -1,0 +1,76 @@
+"""The TorchServe describe-model object for ``GET /models/{name}[/{version}]``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from serve.model import ModelVersion, WorkerSlot
+from serve.system_metrics import process_rss
+from serve.worker.process import WorkerState
+
+
+def describe_model(model: ModelVersion) -> dict[str, Any]:
+    """TorchServe 0.12's describe object (``customizedMetadata`` is added by the caller)."""
+    s = model.settings
+    workers = [_describe_worker(slot) for slot in model.slots]
+    data: dict[str, Any] = {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.source.url,
+        "runtime": model.source.runtime,
+        "minWorkers": model.min_workers,
+        "maxWorkers": model.max_workers,
+        "batchSize": s.batch_size,
+        "maxBatchDelay": s.max_batch_delay,
+        "responseTimeout": int(s.response_timeout),
+        "startupTimeout": int(s.startup_timeout),
+        "maxRetryTimeoutInSec": int(s.max_retry_timeout_in_sec),
+        "clientTimeoutInMills": 0,
+        "parallelType": "",
+        "parallelLevel": 0,
+        "deviceType": s.device_type or ("gpu" if any(w["gpu"] for w in workers) else "cpu"),
+        "continuousBatching": False,
+        "useJobTicket": False,
+        "useVenv": False,
+        "stateful": False,
+        "sequenceMaxIdleMSec": 0,
+        "sequenceTimeoutMSec": 0,
+        "maxNumSequence": 1,
+        "maxSequenceJobQueueSize": 1,
+        "loadedAtStartup": model.loaded_at_startup,
+        "workers": workers,
+        "jobQueueStatus": {
+            "remainingCapacity": model.queue.capacity - len(model.queue),
+            "pendingRequests": model.queue.live_count(),
+        },
+    }
+    if s.device_ids:
+        data["deviceIds"] = s.device_ids
+    return data
+
+
+def _describe_worker(slot: WorkerSlot) -> dict[str, Any]:
+    proc = slot.process
+    pid = proc.pid if proc is not None else None
+    return {
+        "id": slot.worker_id,
+        "startTime": _iso(proc.started_at if proc is not None else time.time()),
+        "status": _worker_status(slot),
+        "memoryUsage": process_rss(pid) or 0,
+        "pid": pid or -1,
+        "gpu": slot.gpu_id is not None,
+        "gpuUsage": "N/A",
+    }
+
+
+def _worker_status(slot: WorkerSlot) -> str:
+    if slot.retiring or slot.state == WorkerState.STOPPING:
+        return "UNLOADING"  # a retiring worker finishing its last batch is on its way out
+    if slot.state in (WorkerState.READY, WorkerState.BUSY):
+        return "READY"
+    return slot.state.value
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
