@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -221,10 +220,6 @@ class ServerMetrics:
     def custom(self, metrics: list[dict[str, Any]]) -> None:
         """Handler metrics reported by a worker (``batch_done`` passes them on already)."""
         self.handler.record(metrics)
-
-    @staticmethod
-    def now() -> float:
-        return time.perf_counter()
 
     # ----- scraping ------------------------------------------------------------------------
 
