@@ -152,9 +152,21 @@ def _run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
         await server.serve()
 
     try:
-        asyncio.run(run())
+        _event_loop_runner()(run())
     except OSError as exc:  # e.g. address already in use
         raise click.ClickException(str(exc)) from exc
+
+
+def _event_loop_runner() -> Any:
+    """uvloop's runner when it is installed (the uvicorn extra brings it), else asyncio's."""
+    if os.environ.get("LANTERN_EVENT_LOOP", "auto") != "asyncio":
+        try:
+            import uvloop
+
+            return uvloop.run
+        except (ImportError, AttributeError):
+            pass
+    return asyncio.run
 
 
 def _start_background(config: Config, state_file: Path, wait_timeout: float) -> None:

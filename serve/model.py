@@ -247,6 +247,9 @@ class ModelVersion:
         threads = str(self.threads_per_worker())
         for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(key, threads)
+        # OpenMP threads otherwise spin after every operator, burning the cores the frontend
+        # and the other workers need (measured: half the server CPU per request; bench/).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -396,7 +399,7 @@ class ModelVersion:
                         GatewayTimeout("The worker ran past its hard time limit and was restarted.")
                     )
             else:
-                self._retry_or_fail(jobs)
+                self._retry_or_fail(jobs, slot)
             return
         finally:
             watchdog.cancel()
@@ -418,14 +421,23 @@ class ModelVersion:
         if self.metrics is not None:
             self.metrics.batch_done(self.name, self.version, jobs, outcome)
 
-    def _retry_or_fail(self, jobs: list[Job]) -> None:
-        """Jobs on a worker that died get one more try on another worker, then an error."""
+    def _retry_or_fail(self, jobs: list[Job], dead: WorkerSlot) -> None:
+        """Jobs on a worker that died get one more try on another live worker, then an error.
+
+        Without another live worker there is no retry: a request that kills its worker would
+        otherwise kill the restarted one too. While unloading, nothing retries either.
+        """
         now = time.monotonic()
-        # While unloading, no worker will be restarted to take a retry: answer at once.
+        others = any(
+            s is not dead
+            and not s.retiring
+            and s.state in (WorkerState.READY, WorkerState.BUSY)
+            for s in self.slots
+        )
         retry = [
             j
             for j in jobs
-            if j.retries == 0 and not j.done and j.deadline > now and not self.closing
+            if others and j.retries == 0 and not j.done and j.deadline > now and not self.closing
         ]
         for job in jobs:
             if job not in retry:
