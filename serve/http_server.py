@@ -88,8 +88,12 @@ def _has(module: str) -> bool:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket; port 0 picks a free one (read it back with getsockname)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Name the protocol: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and
+    # accepted sockets inherit ours. With proto 0, Nagle's algorithm meets delayed ACKs and every
+    # response sent in two writes (head, then body) stalls ~40 ms on the default event loop.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(1024)
     sock.set_inheritable(True)
