@@ -287,8 +287,10 @@ def test_ping_turns_unhealthy_when_a_model_fails_to_load(tmp_path: Path) -> None
     srv = LanternServer(tmp_path, store, ["broken.mar", "fine.mar"])
     srv.start(healthy=False)
     try:
-        assert post(srv, "/predictions/fine", "x").status_code == 200  # "fine" is loaded
         deadline = time.monotonic() + 30
+        while post(srv, "/predictions/fine", "x").status_code != 200:  # until "fine" is in
+            assert time.monotonic() < deadline, "the good model never served"
+            time.sleep(0.1)
         while "cannot load" not in srv.log_text("model_log.log"):
             assert time.monotonic() < deadline, "the load failure was not logged"
             time.sleep(0.1)
