@@ -429,9 +429,7 @@ class ModelVersion:
         """
         now = time.monotonic()
         others = any(
-            s is not dead
-            and not s.retiring
-            and s.state in (WorkerState.READY, WorkerState.BUSY)
+            s is not dead and not s.retiring and s.state in (WorkerState.READY, WorkerState.BUSY)
             for s in self.slots
         )
         retry = [

@@ -34,7 +34,7 @@ def handle(data, context):
                 "url_path": context.get_request_header(idx, "url_path"),
                 "explain": context.get_request_header(idx, "explain"),
                 "threads": context.system_properties.get("num_threads"),
-            "gpu_id": context.system_properties.get("gpu_id"),
+                "gpu_id": context.system_properties.get("gpu_id"),
                 "cpus": sorted(os.sched_getaffinity(0)),
                 "query": {
                     k: (v.decode() if isinstance(v, (bytes, bytearray)) else v)
