@@ -68,6 +68,9 @@ class Config:
     http_server: HttpServer = "hypercorn"
     drain_timeout: float = 30.0
     worker_restart_max_backoff: float = 30.0
+    # A worker up this many seconds ends a crash streak: its replacement restarts without delay.
+    worker_restart_backoff_reset: float = 60.0
+    worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
 
@@ -129,6 +132,7 @@ class Config:
             startup_timeout=self.default_startup_timeout,
             job_queue_size=self.job_queue_size,
             max_retry_timeout_in_sec=self.max_retry_timeout_in_sec,
+            worker_max_rss_mb=self.worker_max_rss_mb,
         )
 
 
@@ -147,6 +151,7 @@ _MODEL_KEYS = {
     "num_threads": "numThreads",
     "cpu_affinity": "cpuAffinity",
     "max_retry_timeout_in_sec": "maxRetryTimeoutInSec",
+    "worker_max_rss_mb": "workerMaxRssMb",
 }
 
 
@@ -167,6 +172,7 @@ class ModelSettings:
     num_threads: int | None = None  # torch / ONNX Runtime intra-op threads per worker
     cpu_affinity: bool | None = None
     max_retry_timeout_in_sec: float = 300.0
+    worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS (MiB)
 
     def merged(self, values: Mapping[str, Any]) -> ModelSettings:
         """These settings with ``values`` (attribute or camelCase names) laid over them."""

@@ -135,6 +135,10 @@ class Dispatcher:
         if self._delay_timer is not None:
             self._delay_timer.cancel()
             self._delay_timer = None
+        if not self.source.can_serve():
+            # No worker runs or will: what is queued would only wait for its deadline.
+            self.fail_queued(self.no_workers())
+            return
         settings = self._settings()
         workers = self.source.workers()
         free = [w for w in workers if w.state == WorkerState.READY]
@@ -163,6 +167,15 @@ class Dispatcher:
             task.add_done_callback(self._batch_tasks.discard)
 
     async def _run(self, worker: Worker, jobs: list[Job]) -> None:
+        if worker.state != WorkerState.BUSY:
+            # It died (or began to stop) between dispatch and now: the batch was never sent,
+            # so it goes back to the front of the queue without using up its retry.
+            for job in reversed(jobs):
+                if not job.done:
+                    self.queue.put(job, front=True)
+            self.source.batch_finished(worker)
+            self.schedule()
+            return
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for job in jobs:

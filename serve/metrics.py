@@ -140,6 +140,12 @@ class ServerMetrics:
         self.restarts = Counter(
             "serve_worker_restarts", "Worker processes restarted.", model, registry=r
         )
+        self.recycles = Counter(
+            "serve_worker_recycles",
+            "Healthy workers replaced between batches (reason: memory, over worker_max_rss_mb).",
+            [*model, "reason"],
+            registry=r,
+        )
         # Plain ints: the event loop is the only writer, and TorchServe's names need the
         # hand-written exposition in `_status_families` (no _total suffix).
         self.status_classes = {2: 0, 4: 0, 5: 0}
@@ -215,6 +221,10 @@ class ServerMetrics:
 
     def worker_restarted(self, model: str, version: str) -> None:
         self.restarts.labels(model, version).inc()
+
+    def worker_recycled(self, model: str, version: str, reason: str) -> None:
+        """A healthy worker replaced on purpose (``reason``: ``memory``, its RSS cap)."""
+        self.recycles.labels(model, version, reason).inc()
 
     def custom(self, metrics: list[dict[str, Any]]) -> None:
         """Handler metrics reported by a worker (``batch_done`` passes them on already)."""

@@ -70,9 +70,11 @@ class ModelVersion:
             self._make_worker,
             lambda: self.settings,
             max_backoff=config.worker_restart_max_backoff,
+            stable_after=config.worker_restart_backoff_reset,
             gpu_for=self._gpu_for,
             on_ready=lambda: self.dispatcher.schedule(),
             on_restart=self._count_restart,
+            on_recycle=self._count_recycle,
         )
         self.dispatcher = Dispatcher(
             name, version, self.pool, lambda: self.settings, on_outcome=self._observe
@@ -179,6 +181,10 @@ class ModelVersion:
     def _count_restart(self) -> None:
         if self.metrics is not None:
             self.metrics.worker_restarted(self.name, self.version)
+
+    def _count_recycle(self) -> None:
+        if self.metrics is not None:
+            self.metrics.worker_recycled(self.name, self.version, "memory")
 
     def _observe(self, jobs: list[Job], outcome: BatchOutcome) -> None:
         if self.metrics is not None:

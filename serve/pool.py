@@ -3,6 +3,10 @@
 A `WorkerSlot` is a place for one worker; its supervisor task keeps a live worker in it, starting
 a replacement when one exits. The pool builds workers through a factory, so it never names a
 process class; the dispatcher sees the pool as a `serve.dispatcher.WorkerSource`.
+
+Restarts back off while a slot crash-loops (`restart_backoff`); a worker that stayed up for
+``stable_after`` seconds starts the count over. A worker whose resident memory passes its cap is
+recycled between batches: it takes no new batch, is stopped gracefully and replaced at once.
 """
 
 from __future__ import annotations
@@ -18,12 +22,32 @@ from typing import Protocol
 from serve.config import ModelSettings
 from serve.dispatcher import Worker
 from serve.jobs import LIVE_STATES, WorkerState
+from serve.system_metrics import process_rss
 from serve.worker.process import WorkerStartFailed
 
 logger = logging.getLogger(__name__)
 
 # TorchServe's restart back-off, in seconds; capped by `worker_restart_max_backoff`.
 _BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
+
+
+def backoff_delay(attempt: int, max_backoff: float) -> float:
+    """Seconds to wait before restart number ``attempt`` (0-based) of a crash streak."""
+    step = _BACKOFF[min(max(attempt, 0), len(_BACKOFF) - 1)]
+    return float(min(step, max_backoff))
+
+
+def restart_backoff(
+    streak: int, uptime: float, *, stable_after: float, max_backoff: float
+) -> tuple[int, float]:
+    """The crash streak and the delay before restarting, after a worker exits unasked.
+
+    ``streak`` counts the crashes in a row so far, ``uptime`` is how long the worker that just
+    exited was ready. A worker that stayed up ``stable_after`` seconds or more ends the streak: the
+    crash counts as the first of a new one and its replacement starts at once.
+    """
+    streak = 1 if uptime >= stable_after else streak + 1
+    return streak, backoff_delay(streak - 1, max_backoff)
 
 
 class ManagedWorker(Worker, Protocol):
@@ -55,7 +79,9 @@ class WorkerSlot:
     process: ManagedWorker | None = None
     task: asyncio.Task[None] | None = None
     retiring: bool = False
-    restarts: int = 0
+    restarts: int = 0  # every restart after an unasked exit, for describe and metrics
+    crash_streak: int = 0  # crashes in a row, each replacement up less than `stable_after`
+    recycling: bool = False  # its worker is being replaced on purpose (the memory cap)
     failures: int = 0
     last_error: str | None = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
@@ -100,18 +126,22 @@ class WorkerPool:
         settings: Callable[[], ModelSettings],
         *,
         max_backoff: float,
+        stable_after: float = 60.0,
         gpu_for: Callable[[int], int | None] = lambda _: None,
         on_ready: Callable[[], None] = lambda: None,
         on_restart: Callable[[], None] = lambda: None,
+        on_recycle: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.version = version
         self._factory = factory
         self._settings = settings
         self._max_backoff = max_backoff
+        self._stable_after = stable_after
         self._gpu_for = gpu_for
         self._on_ready = on_ready
         self._on_restart = on_restart
+        self._on_recycle = on_recycle
         self.slots: list[WorkerSlot] = []
         self.closing = False
         self._next_index = 0
@@ -122,12 +152,39 @@ class WorkerPool:
         return [s.process for s in self.slots if not s.retiring and s.process is not None]
 
     def can_serve(self) -> bool:
-        return any(s.state != WorkerState.DEAD and not s.retiring for s in self.slots)
+        # A slot whose worker died is restarting: requests wait for it (or for their deadline).
+        return any(not s.gave_up and not s.retiring for s in self.slots)
 
     def batch_finished(self, worker: Worker) -> None:
         for slot in self.slots:
-            if slot.process is worker and slot.retiring:
+            if slot.process is not worker:
+                continue
+            if slot.retiring:
                 asyncio.create_task(self._stop_slot(slot))
+            elif worker.state == WorkerState.READY:
+                self._check_memory(slot)
+
+    def _check_memory(self, slot: WorkerSlot) -> None:
+        cap_mb = self._settings().worker_max_rss_mb
+        proc = slot.process
+        if not cap_mb or proc is None:
+            return
+        rss = process_rss(proc.pid)
+        if rss is None or rss <= cap_mb * 1024 * 1024:
+            return
+        logger.warning(
+            "Worker %s (pid %s) uses %d MiB, over its cap of %d MiB (worker_max_rss_mb); "
+            "recycling it",
+            slot.worker_id,
+            proc.pid,
+            rss // (1024 * 1024),
+            cap_mb,
+        )
+        # STOPPING at once, before the dispatcher looks again: it gets no further batch.
+        proc.state = WorkerState.STOPPING
+        slot.recycling = True
+        self._on_recycle()
+        asyncio.create_task(proc.stop())
 
     # ----- views ---------------------------------------------------------------------------
 
@@ -209,22 +266,42 @@ class WorkerPool:
     # ----- supervision ---------------------------------------------------------------------
 
     async def _supervise(self, slot: WorkerSlot) -> None:
+        """Keep a worker in ``slot``; whatever goes wrong is logged and shows on the slot."""
+        try:
+            await self._keep_running(slot)
+        except Exception as exc:  # a supervisor must never end unseen
+            logger.exception(
+                "Supervisor of worker %s failed; the worker is out of service", slot.worker_id
+            )
+            slot.last_error = f"{type(exc).__name__}: {exc}"
+            slot.gave_up = True
+            if slot.process is not None:
+                slot.process.kill()
+            self._on_ready()  # the dispatcher looks again (queued work may have nowhere to go)
+
+    async def _keep_running(self, slot: WorkerSlot) -> None:
         failing_since: float | None = None
         while not slot.retiring and not self.closing:
             proc = self._factory(slot)
             slot.process = proc
+            slot.recycling = False
             settings = self._settings()
             try:
                 await proc.start(settings.startup_timeout)
-            except WorkerStartFailed as exc:
+            except Exception as exc:
                 slot.failures += 1
-                slot.last_error = exc.message
+                if isinstance(exc, WorkerStartFailed):
+                    slot.last_error = exc.message
+                    logger.error("Worker %s failed to start: %s", slot.worker_id, exc.message)
+                else:  # not a failure we foresaw: keep the traceback
+                    slot.last_error = f"{type(exc).__name__}: {exc}"
+                    logger.exception("Worker %s failed to start", slot.worker_id)
                 failing_since = failing_since or time.monotonic()
                 slot.settled.set()
-                logger.error("Worker %s failed to start: %s", slot.worker_id, exc.message)
                 if time.monotonic() - failing_since > settings.max_retry_timeout_in_sec:
                     slot.gave_up = True
                     logger.error("Giving up on worker %s after repeated failures", slot.worker_id)
+                    self._on_ready()
                     return
                 await asyncio.sleep(self.backoff(slot.failures))
                 continue
@@ -233,21 +310,38 @@ class WorkerPool:
             slot.last_error = None
             slot.loaded.set()
             slot.settled.set()
+            ready_at = time.monotonic()
             logger.info("Worker %s ready (pid %s)", slot.worker_id, proc.pid)
             self._on_ready()
             code = await proc.wait_exit()
             if slot.retiring or self.closing:
                 return
+            if slot.recycling:
+                logger.info(
+                    "Worker %s (pid %s) recycled; starting its replacement",
+                    slot.worker_id,
+                    proc.pid,
+                )
+                continue
             slot.restarts += 1
             self._on_restart()
-            logger.error(
-                "Worker %s (pid %s) exited with code %s; restarting", slot.worker_id, proc.pid, code
+            slot.crash_streak, delay = restart_backoff(
+                slot.crash_streak,
+                time.monotonic() - ready_at,
+                stable_after=self._stable_after,
+                max_backoff=self._max_backoff,
             )
-            await asyncio.sleep(self.backoff(slot.restarts - 1))
+            logger.error(
+                "Worker %s (pid %s) exited with code %s; restarting in %g s",
+                slot.worker_id,
+                proc.pid,
+                code,
+                delay,
+            )
+            await asyncio.sleep(delay)
 
     def backoff(self, attempt: int) -> float:
-        step = _BACKOFF[min(max(attempt, 0), len(_BACKOFF) - 1)]
-        return float(min(step, self._max_backoff))
+        return backoff_delay(attempt, self._max_backoff)
 
 
 def _info(slot: WorkerSlot) -> WorkerInfo:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -30,6 +31,9 @@ __all__ = [  # the job types live in serve.jobs; these names stay importable fro
 logger = logging.getLogger(__name__)
 model_logger = logging.getLogger("serve.worker")
 
+# sun_path holds 108 bytes on Linux, the terminating NUL included.
+SOCKET_PATH_MAX = 107
+
 
 class WorkerStartFailed(ServeError):
     error_type = "WorkerStartFailed"
@@ -48,7 +52,8 @@ class WorkerProcess:
     ) -> None:
         self.worker_id = worker_id
         self.spec = spec
-        self.socket_path = socket_dir / f"{worker_id}.sock"
+        # A short random name: the path must not grow with the model's name (sun_path limit).
+        self.socket_path = socket_dir / f"w-{secrets.token_hex(6)}.sock"
         self.env = env
         self.state = WorkerState.STARTING
         self.pid: int | None = None
@@ -74,6 +79,11 @@ class WorkerProcess:
             else:
                 writer.close()
 
+        if len(os.fsencode(self.socket_path)) > SOCKET_PATH_MAX:
+            raise WorkerStartFailed(
+                f"the work directory's path is too long for a Unix socket ({SOCKET_PATH_MAX} "
+                "bytes at most); set a shorter work_dir"
+            )
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = await asyncio.start_unix_server(on_connect, path=str(self.socket_path))
@@ -160,6 +170,9 @@ class WorkerProcess:
                         future.set_result(frame)
         except (ConnectionError, ProtocolError) as exc:
             logger.error("Worker %s connection failed: %s", self.worker_id, exc)
+        # A closed socket means the worker is gone: stop taking batches now, not once the exit
+        # watcher has seen the process end (jobs sent meanwhile would fail instead of retrying).
+        self.state = WorkerState.DEAD
         self._fail_pending()
         self.kill()
 

@@ -1,0 +1,211 @@
+"""The worker pool in process: restart back-off, memory recycling, supervisors never die unseen."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import pytest
+
+from serve.config import ModelSettings
+from serve.jobs import WorkerState
+from serve.pool import WorkerPool, WorkerSlot, backoff_delay, restart_backoff
+from serve.worker.process import WorkerStartFailed
+
+
+@pytest.mark.parametrize(
+    ("streak", "uptime", "expected"),
+    [
+        # A first crash restarts at once.
+        (0, 0.5, (1, 0.0)),
+        # A crash loop (each replacement up briefly) walks TorchServe's sequence...
+        (1, 0.5, (2, 1.0)),
+        (2, 5.0, (3, 1.0)),
+        (3, 59.9, (4, 2.0)),
+        (6, 1.0, (7, 8.0)),
+        # ...capped by worker_restart_max_backoff.
+        (9, 1.0, (10, 30.0)),
+        (50, 1.0, (51, 30.0)),
+        # A replacement healthy for the window ends the streak: isolated crashes never wait.
+        (3, 60.0, (1, 0.0)),
+        (50, 86_400.0, (1, 0.0)),
+    ],
+)
+def test_restart_backoff(streak: int, uptime: float, expected: tuple[int, float]) -> None:
+    assert restart_backoff(streak, uptime, stable_after=60.0, max_backoff=30.0) == expected
+
+
+def test_backoff_delay_is_torchserve_sequence_capped() -> None:
+    assert [backoff_delay(i, 30.0) for i in range(12)] == [
+        0, 1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30,
+    ]  # fmt: skip
+    assert backoff_delay(-1, 30.0) == 0.0
+    assert backoff_delay(5, 2.0) == 2.0
+
+
+class _Proc:
+    """A worker that loads at once and exits when told to."""
+
+    def __init__(self, worker_id: str, *, fail_start: BaseException | None = None) -> None:
+        self.worker_id = worker_id
+        self.state = WorkerState.STARTING
+        self.pid: int | None = os.getpid()
+        self.started_at = 0.0
+        self.fail_start = fail_start
+        self.stopped = False
+        self._exit = asyncio.Event()
+
+    async def start(self, timeout: float) -> None:
+        if self.fail_start is not None:
+            raise self.fail_start
+        self.state = WorkerState.READY
+
+    async def wait_exit(self) -> int | None:
+        await self._exit.wait()
+        return 0
+
+    async def stop(self, grace: float = 5.0) -> None:
+        self.stopped = True
+        self.state = WorkerState.DEAD
+        self._exit.set()
+
+    def kill(self) -> None:
+        self.state = WorkerState.DEAD
+        self._exit.set()
+
+    async def run_batch(self, items, on_partial=None):  # type: ignore[no-untyped-def]
+        raise AssertionError("not used")
+
+
+def _pool(factory, **settings: object) -> WorkerPool:  # type: ignore[no-untyped-def]
+    model_settings = ModelSettings().merged(settings)
+    return WorkerPool("m", "1", factory, lambda: model_settings, max_backoff=0.0)
+
+
+def test_an_unexpected_start_error_is_a_logged_start_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        pool = _pool(
+            lambda slot: _Proc(slot.worker_id, fail_start=OSError("AF_UNIX path too long")),
+            max_retry_timeout_in_sec=0,
+        )
+        slot = pool.add()
+        with pytest.raises(WorkerStartFailed, match="AF_UNIX path too long"):
+            await asyncio.wait_for(pool.wait_loaded(), 5)
+        await asyncio.wait_for(slot.task, 5)  # type: ignore[arg-type]
+        assert slot.gave_up and slot.state is WorkerState.DEAD
+        assert slot.last_error == "OSError: AF_UNIX path too long"
+        assert not pool.can_serve()
+        (info,) = pool.infos()
+        assert info.state is WorkerState.DEAD and info.last_error == slot.last_error
+
+    with caplog.at_level(logging.ERROR, logger="serve.pool"):
+        asyncio.run(scenario())
+    assert any(r.exc_info and "failed to start" in r.getMessage() for r in caplog.records)
+    assert any("Giving up on worker" in r.getMessage() for r in caplog.records)
+
+
+def test_a_supervisor_that_fails_marks_its_slot_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    def factory(slot: WorkerSlot) -> _Proc:
+        raise RuntimeError("factory broke")
+
+    async def scenario() -> None:
+        pool = _pool(factory)
+        slot = pool.add()
+        await asyncio.wait_for(slot.task, 5)  # type: ignore[arg-type]
+        assert slot.gave_up and slot.last_error == "RuntimeError: factory broke"
+        assert slot.settled.is_set() and not pool.can_serve()
+
+    with caplog.at_level(logging.ERROR, logger="serve.pool"):
+        asyncio.run(scenario())
+    assert any(
+        r.exc_info and "Supervisor of worker m_1-w0 failed" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_a_worker_over_its_memory_cap_is_recycled_between_batches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    procs: list[_Proc] = []
+    recycled: list[bool] = []
+
+    def factory(slot: WorkerSlot) -> _Proc:
+        procs.append(_Proc(slot.worker_id))  # its pid is ours: well over 1 MiB
+        return procs[-1]
+
+    async def scenario() -> None:
+        model_settings = ModelSettings().merged({"workerMaxRssMb": 1})
+        pool = WorkerPool(
+            "m",
+            "1",
+            factory,
+            lambda: model_settings,
+            max_backoff=30.0,
+            on_recycle=lambda: recycled.append(True),
+        )
+        slot = pool.add()
+        await asyncio.wait_for(pool.wait_loaded(), 5)
+        first = procs[0]
+        first.state = WorkerState.BUSY
+        pool.batch_finished(first)  # mid-batch (still BUSY): never recycled
+        assert first.state is WorkerState.BUSY and not recycled
+        first.state = WorkerState.READY
+        pool.batch_finished(first)
+        assert first.state is WorkerState.STOPPING  # takes no new batch from here on
+        assert recycled == [True]
+        async with asyncio.timeout(5):
+            while len(procs) < 2 or procs[1].state is not WorkerState.READY:
+                await asyncio.sleep(0)
+        assert first.stopped and slot.process is procs[1]
+        assert slot.restarts == 0 and slot.crash_streak == 0  # not a crash
+        await pool.stop()
+
+    with caplog.at_level(logging.INFO, logger="serve.pool"):
+        asyncio.run(scenario())
+    assert any("over its cap of 1 MiB" in r.getMessage() for r in caplog.records)
+
+
+def test_no_memory_cap_no_recycling() -> None:
+    async def scenario() -> None:
+        procs: list[_Proc] = []
+        pool = _pool(lambda slot: procs.append(_Proc(slot.worker_id)) or procs[-1])
+        pool.add()
+        await asyncio.wait_for(pool.wait_loaded(), 5)
+        pool.batch_finished(procs[0])
+        assert procs[0].state is WorkerState.READY
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_restarts_at_once_then_backs_off_in_a_loop() -> None:
+    async def scenario() -> None:
+        procs: list[_Proc] = []
+        model_settings = ModelSettings()
+        pool = WorkerPool(
+            "m",
+            "1",
+            lambda slot: procs.append(_Proc(slot.worker_id)) or procs[-1],
+            lambda: model_settings,
+            max_backoff=30.0,
+            stable_after=60.0,
+        )
+        slot = pool.add()
+        await asyncio.wait_for(pool.wait_loaded(), 5)
+        procs[0].kill()  # first crash: replaced without delay
+        async with asyncio.timeout(5):
+            while len(procs) < 2 or procs[1].state is not WorkerState.READY:
+                await asyncio.sleep(0)
+        procs[1].kill()  # second crash seconds later: a streak, 1 s back-off
+        async with asyncio.timeout(5):
+            while slot.crash_streak < 2:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.2)  # a tenth of the 1 s back-off: a restart now would be early
+        assert len(procs) == 2, "restarted before its back-off"
+        assert slot.restarts == 2
+        await pool.stop()
+
+    asyncio.run(scenario())
