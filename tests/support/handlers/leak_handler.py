@@ -1,0 +1,27 @@
+"""A torch-free test handler that leaks memory on request.
+
+``leak N`` keeps N MiB (touched, so resident) for the life of the worker process; every answer
+reports the worker's pid and resident memory. Anything else just answers.
+"""
+
+import os
+
+_KEPT = []
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    out = []
+    for row in data:
+        body = row.get("body", row.get("data"))
+        text = body.decode() if isinstance(body, (bytes, bytearray)) else str(body)
+        if text.startswith("leak "):
+            _KEPT.append(b"\x01" * (int(text.split()[1]) << 20))
+        out.append({"pid": os.getpid(), "rss_mib": _rss_mib()})
+    return out
