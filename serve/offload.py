@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 INLINE_MAX = 16 * 1024
-DECODE_THREADS = 2
+DECODE_THREADS = 1  # the GIL lets only one decode at a time anyway; more would starve the loop
 
 T = TypeVar("T")
 

@@ -20,6 +20,7 @@ from serve.apps.inference import create_inference_app
 from serve.apps.management import create_management_app
 from serve.apps.metrics import create_metrics_app
 from serve.apps.protocols import protocol_routes
+from serve.body_limit import DeclaredSizeLimit
 from serve.config import Config, host_port
 from serve.draining import Draining
 from serve.errors import ServeError
@@ -76,10 +77,13 @@ class Server:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
-        # 503 for requests that arrive during a drain.
+        # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.
+        limit = self.config.max_request_size
         return {
             name: AccessLog(
-                Draining(app, self.stop_event), self.metrics, resolve_default=name == "inference"
+                Draining(DeclaredSizeLimit(app, limit), self.stop_event),
+                self.metrics,
+                resolve_default=name == "inference",
             )
             for name, app in apps.items()
         }
