@@ -223,18 +223,16 @@ def _without_refused(
 def client_errors(frame: Frame) -> Frame:
     """A RESULT frame's errors as clients may see them: one line, no paths (`serve.redact`).
 
-    The full text is in the model log already; a server-side failure names the request id.
+    The full text is in the model log already (the frontend adds the request id to 500s).
     """
     from serve.redact import client_message
 
     for item in frame.meta.get("items") or ():
         error = item.get("error") if isinstance(item, dict) else None
-        if not error:
-            continue
-        message = client_message(str(error.get("message") or "")) or str(error.get("type"))
-        if int(error.get("code") or 500) >= 500 and error.get("request_id"):
-            message = f"{message} (request id {error['request_id']})"
-        error["message"] = message
+        if error:
+            error["message"] = client_message(str(error.get("message") or "")) or str(
+                error.get("type")
+            )
     return frame
 
 
