@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STORE ?= model_store
 MODEL := efficientnet_lite0
 
-.PHONY: install demo stop test lint
+.PHONY: install demo stop test fuzz lint
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,10 @@ stop:
 
 test: install
 	$(BIN)/pytest -q
+
+# The fuzz tests run in `make test` too, bounded; this is their long mode (docs/faults.md).
+fuzz: install
+	LANTERN_FUZZ=long $(BIN)/pytest -q tests/fuzz
 
 lint: install
 	$(BIN)/ruff check .

@@ -75,15 +75,18 @@ class Budget:
         self.declared += size
         self._check_total(name, self.declared)
 
-    def check_ratio(self, name: str, size: int, compressed: int) -> None:
-        """Refuse ``size`` bytes coming out of ``compressed`` bytes at an absurd ratio."""
+    def check_ratio(self, name: str, size: int, compressed: int, *, whole: bool = False) -> None:
+        """Refuse ``size`` bytes coming out of ``compressed`` bytes at an absurd ratio.
+
+        ``whole``: the sizes are the archive's totals so far, not one entry's.
+        """
         if size > RATIO_MIN_SIZE:
             ratio = size / max(compressed, 1)
             if ratio > self.limits.max_ratio:
+                what = "the archive's compression ratio" if whole else "compression ratio"
                 raise UnsafeArchive(
                     name,
-                    f"compression ratio {ratio:.0f}:1 exceeds {self.limits.max_ratio:g}:1 "
-                    "(zip bomb?)",
+                    f"{what} {ratio:.0f}:1 exceeds {self.limits.max_ratio:g}:1 (zip bomb?)",
                 )
 
     def consume(self, name: str, nbytes: int) -> None:

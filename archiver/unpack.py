@@ -46,6 +46,7 @@ def _plan_zip(
     # The central directory lists everything up front, so refuse before writing a single byte.
     plan = []
     seen: set[PurePosixPath] = set()
+    compressed = 0
     for info in infos:
         name = info.filename
         budget.add_entry(name)
@@ -63,6 +64,10 @@ def _plan_zip(
             seen.add(rel)
             budget.declare(name, info.file_size)
             budget.check_ratio(name, info.file_size, info.compress_size)
+            # The archive as a whole too: many small entries that each pass (1,000 x 1 MiB of
+            # zeros in 1 MB of zip) are a bomb all the same.
+            compressed += info.compress_size
+            budget.check_ratio(name, budget.declared, compressed, whole=True)
         plan.append((info, rel, is_dir))
     return plan
 

@@ -45,6 +45,10 @@ def decode_value(raw: bytes, content_type: str | None, *, decode: bool = True) -
     if media_type == "application/json" or media_type.endswith("+json"):
         try:
             return json.loads(raw.decode(_charset(params)))
+        except RecursionError:
+            from handlers.exceptions import PredictionException
+
+            raise PredictionException("the JSON body is nested too deeply", 400) from None
         except (ValueError, UnicodeDecodeError):
             logger.warning("Failed JSON decoding of input data; forwarding the raw bytes")
             return raw

@@ -138,13 +138,22 @@ def _run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
     from serve.logs import setup_logging
     from serve.server import Server
 
+    detached = os.environ.get(_DETACHED_ENV) == "1"
+    if detached and config.log_dir:
+        from serve.console import capture_console
+
+        capture_console(
+            Path(config.log_dir) / "console.log", config.log_max_bytes, config.log_backup_count
+        )
     setup_logging(
         config.log_dir,
         level=config.log_level,
         fmt=config.log_format,
         # A detached server's console is console.log, beside the log files: log only once.
-        console=os.environ.get(_DETACHED_ENV) != "1",
+        console=not detached,
         access_log=config.access_log,
+        max_bytes=config.log_max_bytes,
+        backup_count=config.log_backup_count,
     )
 
     async def run() -> None:

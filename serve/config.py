@@ -73,6 +73,10 @@ class Config:
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+    # Faults and limits (docs/faults.md).
+    max_request_elements: int = 1 << 20  # tensor elements per OIP request (413 past it)
+    log_max_bytes: int = 100 * 1024 * 1024  # each log file rotates at this size (TorchServe's)
+    log_backup_count: int = 5  # rotated files kept per log (TorchServe's DefaultRolloverStrategy)
 
     @classmethod
     def load(
@@ -117,7 +121,7 @@ class Config:
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
-        for key in ("job_queue_size", "batch_size", "max_request_size"):
+        for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
 

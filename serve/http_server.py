@@ -2,7 +2,7 @@
 
 Both stop on one shared event; the signal handlers are the caller's, never the servers' own (each
 hypercorn ``serve()`` would otherwise replace the previous one's handler and leave a server
-running).
+running). Shutdown is in two steps: stop listening, then (after the drain) close connections.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -21,28 +20,69 @@ Binding = tuple[Any, socket.socket]
 
 
 async def run_servers(
-    bindings: Sequence[Binding], kind: str, stop: asyncio.Event, graceful_timeout: float
+    bindings: Sequence[Binding],
+    kind: str,
+    stop: asyncio.Event,
+    graceful_timeout: float,
+    drained: asyncio.Event | None = None,
 ) -> None:
-    """Serve every ``(app, socket)`` until ``stop`` is set, then close gracefully."""
+    """Serve every ``(app, socket)`` until ``stop`` is set; then shut down in two steps.
+
+    On ``stop`` every listening socket is closed at once (every copy of it: new connections are
+    refused by the kernel, not queued), while open connections stay up: the apps answer what
+    arrives on them (see `serve.draining`). When ``drained`` is set (default: ``stop``), the
+    connections are closed and requests still being answered get ``graceful_timeout`` seconds.
+    """
     runner = _run_uvicorn if kind == "uvicorn" else _run_hypercorn
-    await asyncio.gather(*(runner(app, sock, stop, graceful_timeout) for app, sock in bindings))
+    done = drained or stop
+    await asyncio.gather(
+        *(runner(app, sock, stop, done, graceful_timeout) for app, sock in bindings)
+    )
 
 
-async def _run_hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
-    from hypercorn.asyncio import serve
+async def _run_hypercorn(
+    app: Any, sock: socket.socket, stop: asyncio.Event, drained: asyncio.Event, grace: float
+) -> None:
+    # hypercorn's serve() closes its listeners and its idle connections in one step, on one
+    # trigger; we accept connections ourselves (hypercorn's own per-connection server does the
+    # HTTP) so that the listener closes on SIGTERM and the connections only after the drain.
+    from hypercorn.asyncio.tcp_server import TCPServer
+    from hypercorn.asyncio.worker_context import WorkerContext
     from hypercorn.config import Config
+    from hypercorn.utils import wrap_app
 
     config = Config()
-    # hypercorn takes ownership of the descriptor it is given: hand it a duplicate.
-    config.bind = [f"fd://{os.dup(sock.fileno())}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = grace
     config.keep_alive_timeout = 75.0
-    await serve(app, config, shutdown_trigger=stop.wait, mode="asgi")
+    loop = asyncio.get_running_loop()
+    context = WorkerContext(None)
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    connections: set[asyncio.Task[Any]] = set()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            connections.add(task)
+            task.add_done_callback(connections.discard)
+        await TCPServer(wrapped, loop, config, context, {}, reader, writer)
+
+    server = await asyncio.start_server(on_connection, sock=sock, backlog=config.backlog)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        sock.close()
+    await drained.wait()
+    await context.terminated.set()  # idle keep-alive connections close now
+    if connections:
+        await asyncio.wait(set(connections), timeout=grace)
 
 
-async def _run_uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
+async def _run_uvicorn(
+    app: Any, sock: socket.socket, stop: asyncio.Event, drained: asyncio.Event, grace: float
+) -> None:
     try:
         import uvicorn
     except ImportError as exc:  # the optional extra is not installed
@@ -68,7 +108,11 @@ async def _run_uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace
 
     async def _stopper() -> None:
         await stop.wait()
-        server.should_exit = True
+        for listener in getattr(server, "servers", []):  # set once uvicorn has started
+            listener.close()
+        sock.close()
+        await drained.wait()
+        server.should_exit = True  # uvicorn closes idle connections and finishes busy ones
 
     stopper = asyncio.create_task(_stopper())
     try:
@@ -96,5 +140,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(1024)
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default): a worker process (user code) holding a copy would keep
+    # the port accepting after the frontend closed it, and could accept on it itself.
     return sock

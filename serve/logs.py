@@ -16,6 +16,7 @@ import json
 import logging
 import logging.config
 import logging.handlers
+import os
 import threading
 import time
 from pathlib import Path
@@ -95,15 +96,55 @@ class JsonFormatter(logging.Formatter):
 
 class LogFile(logging.handlers.WatchedFileHandler):
     """A file that is reopened after logrotate moves it, checked at most once a second
-    (``WatchedFileHandler`` calls ``os.stat`` for every record)."""
+    (``WatchedFileHandler`` calls ``os.stat`` for every record), and that rotates itself at
+    ``max_bytes`` (``name.1`` ... ``name.<backup_count>``; 0 bytes: never)."""
 
     _checked = 0.0
+
+    def __init__(
+        self, filename: str, *, max_bytes: int = 0, backup_count: int = 5, **kwargs: Any
+    ) -> None:
+        super().__init__(filename, **kwargs)
+        self.max_bytes = max_bytes
+        self.backup_count = backup_count
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.created - self._checked >= 1.0 or record.created < self._checked:
             self._checked = record.created
             self.reopenIfNeeded()
+        if self.max_bytes > 0 and self.stream is not None:
+            try:
+                if self.stream.tell() >= self.max_bytes:
+                    self.acquire()
+                    try:
+                        self._rotate()
+                    finally:
+                        self.release()
+            except (OSError, ValueError):
+                self.handleError(record)
         logging.FileHandler.emit(self, record)
+
+    def _rotate(self) -> None:
+        """``name`` -> ``name.1`` -> ... -> ``name.<backup_count>`` (the oldest is dropped)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None  # type: ignore[assignment]
+        rotate_files(Path(self.baseFilename), self.backup_count)
+        self.stream = self._open()
+        self._statstream()
+
+
+def rotate_files(path: Path, backup_count: int) -> None:
+    """Shift ``path`` to ``path.1`` and the older copies up; without backups, just truncate."""
+    if backup_count <= 0:
+        path.unlink(missing_ok=True)
+        return
+    for i in range(backup_count - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    if path.exists():
+        os.replace(path, path.with_name(f"{path.name}.1"))
 
 
 class BufferedLogFile(LogFile):
@@ -150,10 +191,13 @@ def setup_logging(
     fmt: str = "text",
     console: bool = True,
     access_log: bool = True,
+    max_bytes: int = 0,
+    backup_count: int = 5,
 ) -> None:
     """Send server, access and model logs to files under ``log_dir`` (and the console).
 
-    ``level`` applies to the server and model logs; the access log is on (INFO) or off.
+    ``level`` applies to the server and model logs; the access log is on (INFO) or off. Each
+    file rotates at ``max_bytes`` keeping ``backup_count`` old copies (0 bytes: never).
     """
     level = level.upper()
     formatter = {"()": JsonFormatter} if fmt == "json" else {"()": TextFormatter}
@@ -184,6 +228,8 @@ def setup_logging(
                 else "serve.logs.LogFile",
                 "filename": str(Path(log_dir) / filename),
                 "formatter": "main",
+                "max_bytes": max_bytes,
+                "backup_count": backup_count,
             }
             targets[key].append(f"file_{filename}")
     logging.config.dictConfig(

@@ -243,6 +243,78 @@ _REGISTER_BODY = {
 }
 
 
+# What the inference routes take: any body for the TorchServe routes (the handler decides), the
+# KServe v1 / TF Serving predict object, and the Open Inference Protocol's inference request.
+_ANY_BODY = {
+    "required": False,
+    "content": {
+        "application/json": {"schema": {}},
+        "text/plain": {"schema": {"type": "string"}},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    },
+}
+_V1_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"instances": {"type": "array"}, "inputs": {}},
+            }
+        }
+    },
+}
+_OIP_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+        "datatype": {
+            "type": "string",
+            "enum": ["BOOL", "UINT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"],
+        },
+        "parameters": {"type": "object"},
+        "data": {"type": "array"},
+    },
+}
+_OIP_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "parameters": {"type": "object"},
+                    "inputs": {"type": "array", "items": _OIP_TENSOR},
+                    "outputs": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {
+                                "name": {"type": "string"},
+                                "parameters": {"type": "object"},
+                            },
+                        },
+                    },
+                },
+            }
+        }
+    },
+}
+_BODIES: dict[str, dict[str, Any]] = {
+    "predictions": _ANY_BODY,
+    "version_predictions": _ANY_BODY,
+    "explanations": _ANY_BODY,
+    "version_explanations": _ANY_BODY,
+    "kserve_v1_predict": _V1_BODY,
+    "oip_infer": _OIP_BODY,
+}
+
+
 def _build(title: str, version: str, operations: list[tuple[Any, ...]]) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for method, path, op_id, summary, query, errors, *more in operations:
@@ -265,6 +337,8 @@ def _build(title: str, version: str, operations: list[tuple[Any, ...]]) -> dict[
         }
         if op_id == "registerModel":
             operation["requestBody"] = _REGISTER_BODY
+        elif op_id in _BODIES:
+            operation["requestBody"] = _BODIES[op_id]
         paths.setdefault(path, {})[method] = operation
     return {"openapi": "3.0.1", "info": {"title": title, "version": version}, "paths": paths}
 

@@ -84,6 +84,8 @@ class FrameDecoder:
             return None
         kind, seq, meta_len, count = _HEADER.unpack_from(buf)
         table_end = _HEADER.size + count * _LENGTH.size
+        if table_end + meta_len > self._max:  # known from the header: do not wait for it
+            raise ProtocolError(f"frame header claims more than the limit of {self._max} bytes")
         if len(buf) < table_end:
             return None
         lengths = [
@@ -97,8 +99,10 @@ class FrameDecoder:
         try:
             msg_type = MsgType(kind)
             meta = json.loads(bytes(buf[table_end : table_end + meta_len]) or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"malformed frame: {exc}") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise ProtocolError(f"malformed frame: {exc!r}"[:500]) from exc
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"malformed frame: its metadata is a {type(meta).__name__}")
         payloads = []
         offset = table_end + meta_len
         for length in lengths:

@@ -28,6 +28,7 @@ from serve.errors import (
     ServeError,
 )
 from serve.model import ModelSource, ModelVersion
+from serve.redact import client_message
 from serve.sources import ModelLocation, ModelSources
 
 if TYPE_CHECKING:
@@ -146,7 +147,9 @@ class Registry:
             _forget_download(location)
             if isinstance(exc, BadRequest):
                 raise
-            raise BadRequest(f"Invalid model archive {url}: {exc}") from exc
+            # The full reason names the store's paths: it goes to the log, the client gets less.
+            logger.warning("Refused model archive %s: %s", url, exc)
+            raise BadRequest(f"Invalid model archive {url}: {client_message(str(exc))}") from exc
         source = ModelSource(
             url=model_url or url,
             model_dir=archive.model_dir,

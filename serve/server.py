@@ -20,7 +20,9 @@ from serve.apps.inference import create_inference_app
 from serve.apps.management import create_management_app
 from serve.apps.metrics import create_metrics_app
 from serve.apps.protocols import protocol_routes
+from serve.body_limit import DeclaredSizeLimit
 from serve.config import Config, host_port
+from serve.draining import Draining
 from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
@@ -74,9 +76,15 @@ class Server:
         if self.state.auth is not None:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
-        # Outermost, so that refused (401) requests are logged and counted too.
+        # Outermost, so that refused (401) requests are logged and counted too; inside it, the
+        # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.
+        limit = self.config.max_request_size
         return {
-            name: AccessLog(app, self.metrics, resolve_default=name == "inference")
+            name: AccessLog(
+                Draining(DeclaredSizeLimit(app, limit), self.stop_event),
+                self.metrics,
+                resolve_default=name == "inference",
+            )
             for name, app in apps.items()
         }
 
@@ -95,10 +103,15 @@ class Server:
             ", ".join(f"{k} {v}" for k, v in self.addresses.items()),
         )
         loader = asyncio.create_task(self._load_startup_models())
-        drainer = asyncio.create_task(self._drain_on_stop())
+        drained = asyncio.Event()
+        drainer = asyncio.create_task(self._drain_on_stop(drained))
         try:
             await run_servers(
-                bindings, self.config.http_server, self.stop_event, self.config.drain_timeout
+                bindings,
+                self.config.http_server,
+                self.stop_event,
+                self.config.drain_timeout,
+                drained=drained,
             )
         finally:
             self.stop_event.set()
@@ -124,9 +137,13 @@ class Server:
             logger.info("Stopping: no new requests; finishing those in flight")
         self.stop_event.set()
 
-    async def _drain_on_stop(self) -> None:
+    async def _drain_on_stop(self, drained: asyncio.Event) -> None:
+        """After SIGTERM: let the accepted work finish, then let the HTTP servers close."""
         await self.stop_event.wait()
-        await self.registry.drain(self.config.drain_timeout)
+        try:
+            await self.registry.drain(self.config.drain_timeout)
+        finally:
+            drained.set()
 
     async def _load_startup_models(self) -> None:
         try:

@@ -9,7 +9,6 @@ false for scale; ``initial_workers`` defaults to the archive's ``minWorkers``, e
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +27,8 @@ from serve.apps.common import (
 )
 from serve.describe import describe_model
 from serve.errors import BadRequest, MethodNotAllowed, error_for_status
+from serve.inputs import read_body
+from serve.json_input import parse_json
 from serve.model import ModelVersion
 from serve.openapi import management_description
 
@@ -77,7 +78,7 @@ def create_management_app(state: ServerState) -> Starlette:
 
     async def register(request: Request) -> Response:
         require_model_api()
-        params = await _register_params(request)
+        params = await _register_params(request, config.max_request_size)
         url = _text(params.get("url"))
         if not url:
             raise BadRequest("Parameter url is required.")
@@ -183,17 +184,14 @@ def _status(message: str, code: int = 200) -> Response:
     return json_response({"status": message}, code)
 
 
-async def _register_params(request: Request) -> dict[str, Any]:
+async def _register_params(request: Request, max_size: int) -> dict[str, Any]:
     """Query parameters, or, with ``Content-Type: application/json``, the body's keys over them."""
     params: dict[str, Any] = dict(request.query_params)
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type == "application/json":
-        body = await request.body()
+        body = await read_body(request, max_size)
         if body.strip():
-            try:
-                data = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"Invalid JSON body: {exc}") from exc
+            data = parse_json(body, "the JSON body")
             if not isinstance(data, dict):
                 raise BadRequest("The JSON body must be an object of register parameters.")
             params.update(data)

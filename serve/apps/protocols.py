@@ -41,6 +41,7 @@ from serve.errors import (
 from serve.inputs import request_timeout
 from serve.jobs import BatchItem, ItemResult
 from serve.model import ModelVersion
+from serve.offload import run_sized
 from serve.protocols import (
     KSERVE_V1,
     METADATA,
@@ -272,7 +273,8 @@ class _Protocols:
         try:
             body = await read_body(request, self.state.config.max_request_size)
             length = oip.header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
-            infer = oip.parse_request(body, length)
+            limit = self.state.config.max_request_elements
+            infer = await run_sized(len(body), oip.parse_request, body, length, limit)
             headers = _forward_headers(request, OIP)
             if infer.outputs is not None:
                 headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
@@ -285,7 +287,14 @@ class _Protocols:
             item = BatchItem(rid, headers, params)
             result = await model.submit(item, _timeout(request, infer.timeout_us))
             tensors = _tensors(result)
-            payload, extra = oip.build_response(infer, model.name, model.version, tensors)
+            payload, extra = await run_sized(
+                sum(len(t.raw) for t in tensors),
+                oip.build_response,
+                infer,
+                model.name,
+                model.version,
+                tensors,
+            )
             self._check_size(payload)
             status = 200
             headers = {**NO_CACHE_HEADERS, **extra, "x-request-id": rid}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve.errors import BadRequest
+from serve.json_input import TOO_DEEP, parse_json
 
 DATA = "data"  # the row key of an unnamed instance (TorchServe handlers read row["data"])
 ACTIONS = ("predict", "explain")
@@ -68,10 +69,14 @@ def _row(value: Any) -> dict[str, Any]:
 
 def parse_predict(body: bytes) -> V1Request:
     """Parse a predict/explain body; raises ``BadRequest`` with TF Serving-like messages."""
+    doc = parse_json(body)
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"failed to parse the request JSON: {exc}") from None
+        return _parse_doc(doc)
+    except RecursionError:  # b64 values looked for in a (legally) deep document
+        raise BadRequest(f"the request JSON {TOO_DEEP}") from None
+
+
+def _parse_doc(doc: Any) -> V1Request:
     if not isinstance(doc, dict):
         raise BadRequest("the request must be a JSON object with 'instances' or 'inputs'")
     has_rows, has_cols = "instances" in doc, "inputs" in doc

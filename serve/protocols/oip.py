@@ -15,13 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from serve.errors import BadRequest
+from serve.errors import BadRequest, PayloadTooLarge
+from serve.json_input import TOO_DEEP, parse_json
 from serve.protocols.tensors import (
     TensorError,
     array_from_json,
     check_datatype,
     check_raw,
     check_shape,
+    element_count,
     json_from_array,
     raw_from_array,
 )
@@ -83,13 +85,36 @@ def _parameters(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def parse_request(body: bytes, length: int | None) -> InferRequest:
-    """Parse and validate an inference request body."""
+def parse_request(body: bytes, length: int | None, max_elements: int | None = None) -> InferRequest:
+    """Parse and validate an inference request body.
+
+    ``max_elements`` caps the tensor elements of all inputs together (413 past it), checked from
+    the declared shapes before any data is converted.
+    """
     head = body if length is None else body[:length]
+    doc = parse_json(head)
     try:
-        doc = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"failed to parse the request JSON: {exc}") from None
+        return _parse_doc(doc, body, length, max_elements)
+    except RecursionError:  # data nested deeper than the converters recurse
+        raise BadRequest(f"the request JSON {TOO_DEEP}") from None
+
+
+def _check_elements(raw_inputs: list[Any], max_elements: int | None) -> None:
+    if max_elements is None:
+        return
+    total = 0
+    for entry in raw_inputs:
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape):
+            total += element_count(shape)
+    if total > max_elements:
+        raise PayloadTooLarge(
+            f"the request's inputs hold {total} tensor elements; this server accepts at most "
+            f"{max_elements} per request (max_request_elements)"
+        )
+
+
+def _parse_doc(doc: Any, body: bytes, length: int | None, max_elements: int | None) -> InferRequest:
     if not isinstance(doc, dict):
         raise BadRequest("the inference request must be a JSON object")
     rid = doc.get("id")
@@ -108,6 +133,7 @@ def parse_request(body: bytes, length: int | None) -> InferRequest:
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise BadRequest("the inference request needs an 'inputs' list")
+    _check_elements(raw_inputs, max_elements)
     binary = memoryview(body)[length:] if length is not None else None
     offset = 0
     inputs: list[Tensor] = []

@@ -119,7 +119,7 @@ def _chunk_sender(conn: Connection, seq: int) -> Callable[[dict[str, Any]], None
 def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     """Run one PREDICT frame through the handler and build its RESULT frame."""
     from handlers.context import RequestProcessor
-    from handlers.exceptions import report_failure
+    from handlers.exceptions import PredictionException, report_failure
     from handlers.inputs import decode_value
     from handlers.output import encode_output
     from handlers.tensor_path import run_protocol_batch
@@ -133,17 +133,24 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     requests = frame.meta["requests"]
     batch: list[dict[str, Any]] = []
     payloads = iter(frame.payloads)
-    for req in requests:
+    refused: dict[int, PredictionException] = {}
+    for index, req in enumerate(requests):
         row: dict[str, Any] = {}
         for name, content_type in req["params"]:
             raw = next(payloads)
-            value = decode_value(raw, content_type) if decode else raw
+            try:
+                value = decode_value(raw, content_type) if decode else raw
+            except PredictionException as exc:  # e.g. JSON nested too deeply to parse
+                refused[index] = exc
+                continue
             if name in row:  # several files under one form field arrive as a list
                 prev = row[name]
                 row[name] = [*prev, value] if isinstance(prev, list) else [prev, value]
             else:
                 row[name] = value
         batch.append(row)
+    if refused:
+        return _without_refused(service, context, frame, decode, refused)
     context.request_ids = {i: req["id"] for i, req in enumerate(requests)}
     context.request_processor = [RequestProcessor(req["headers"]) for req in requests]
     context.handler_timings = {}
@@ -175,6 +182,74 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     timings["handler"] = time.perf_counter() - started
     meta = {"items": items, "timings": timings, "metrics": context.metrics.drain()}
     return Frame(MsgType.RESULT, frame.seq, meta, tuple(bodies))
+
+
+def _without_refused(
+    service: Any, context: Any, frame: Frame, decode: bool, refused: dict[int, Any]
+) -> Frame:
+    """Answer the requests whose input could not be decoded with their 4xx; run the others."""
+    requests = frame.meta["requests"]
+    keep_reqs: list[dict[str, Any]] = []
+    keep_payloads: list[bytes] = []
+    payloads = iter(frame.payloads)
+    for index, req in enumerate(requests):
+        mine = [next(payloads) for _ in req["params"]]
+        if index not in refused:
+            keep_reqs.append(req)
+            keep_payloads.extend(mine)
+    items: list[dict[str, Any]] = []
+    bodies: list[bytes] = []
+    meta: dict[str, Any] = {"timings": {}, "metrics": []}
+    ran: Frame | None = None
+    if keep_reqs:
+        sub = Frame(
+            frame.type, frame.seq, {**frame.meta, "requests": keep_reqs}, tuple(keep_payloads)
+        )
+        ran = run_batch(service, context, sub, decode)
+        meta = {k: v for k, v in ran.meta.items() if k != "items"}
+    done = iter(zip(ran.meta["items"], ran.payloads, strict=True)) if ran is not None else iter(())
+    for index, req in enumerate(requests):
+        exc = refused.get(index)
+        if exc is None:
+            item, body = next(done)
+        else:
+            error = {"code": exc.error_code, "type": "PredictionException", "message": exc.message}
+            item, body = {"error": {**error, "request_id": req["id"]}}, b""
+        items.append(item)
+        bodies.append(body)
+    return Frame(MsgType.RESULT, frame.seq, {**meta, "items": items}, tuple(bodies))
+
+
+def client_errors(frame: Frame) -> Frame:
+    """A RESULT frame's errors as clients may see them: one line, no paths (`serve.redact`).
+
+    The full text is in the model log already (the frontend adds the request id to 500s).
+    """
+    from serve.redact import client_message
+
+    for item in frame.meta.get("items") or ():
+        error = item.get("error") if isinstance(item, dict) else None
+        if error:
+            error["message"] = client_message(str(error.get("message") or "")) or str(
+                error.get("type")
+            )
+    return frame
+
+
+def load_failure(spec: dict[str, Any], exc: BaseException) -> dict[str, str]:
+    """What the frontend (and a management client) hears of a handler that failed to load.
+
+    It names the handler and the exception; its text, one line without paths, stays short: the
+    traceback is in the model log.
+    """
+    from serve.redact import client_message
+
+    handler = spec.get("handler") or (spec.get("manifest") or {}).get("model", {}).get("handler")
+    detail = client_message(str(exc)) or type(exc).__name__
+    return {
+        "type": type(exc).__name__,
+        "message": f"handler {handler or '?'} failed to load ({detail}); see the model log",
+    }
 
 
 class _RecordLines(logging.Handler):
@@ -211,8 +286,7 @@ def main(argv: list[str]) -> int:
         _cap_threads(spec)
     except BaseException as exc:
         logger.error("Failed to load the model", exc_info=True)
-        meta = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
-        conn.send(Frame(MsgType.LOAD_FAILED, 0, meta))
+        conn.send(Frame(MsgType.LOAD_FAILED, 0, load_failure(spec, exc)))
         return 1
     conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid()}))
     decode = spec.get("decode_input_request", True)
@@ -222,7 +296,7 @@ def main(argv: list[str]) -> int:
             return 0
         if frame.type == MsgType.PREDICT:
             context.intermediate_sink = _chunk_sender(conn, frame.seq)
-            conn.send(run_batch(service, context, frame, decode))
+            conn.send(client_errors(run_batch(service, context, frame, decode)))
         sys.stdout.flush()
 
 

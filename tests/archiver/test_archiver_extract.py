@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from archiver import ArchiveError, ManifestError, UnsafeArchive, open_archive, read_manifest
+from archiver import ArchiveError, ManifestError, UnsafeArchive, open_archive, read_manifest, unpack
 from archiver.safety import is_within
 
 MANIFEST = {
@@ -152,6 +152,32 @@ def test_too_many_entries_is_refused(tmp_path: Path, kind: str) -> None:
     else:
         archive = _tar_with([tar_file(n) for n in names], tmp_path / "many.tgz")
     assert_refused(archive, tmp_path, "m/f9", max_entries=10)
+
+
+def test_many_small_compressible_entries_are_refused_before_any_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,000 x 1 MiB of zeros: each entry is at the per-entry threshold, 1 GiB in about 1 MB.
+    zeros = bytes(MiB)
+    path = tmp_path / "many-zeros.mar"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", MANIFEST_BYTES)
+        for i in range(1000):
+            zf.writestr(f"m/z{i}.bin", zeros)
+    assert path.stat().st_size < 2 * MiB
+    written: list[str] = []
+    monkeypatch.setattr(unpack, "_write_file", lambda root, rel, *a: written.append(str(rel)))
+    # Refused from the central directory at the first entry: nothing was ever opened to write.
+    assert_refused(path, tmp_path, "m/z0.bin")
+    assert written == []
+
+
+def test_archive_wide_ratio_lets_ordinary_archives_through(tmp_path: Path) -> None:
+    # Random weights beside a few compressible text files: an ordinary model archive.
+    entries = [(f"m/vocab{i}.txt", b"token\n" * 2000, 0) for i in range(20)]
+    archive = make_zip(tmp_path / "ok.mar", [ZIP_OK, ("m/w.bin", os.urandom(2 * MiB), 0), *entries])
+    opened = open_archive(archive, tmp_path / "dest")
+    assert (opened.model_dir / "m" / "w.bin").stat().st_size == 2 * MiB
 
 
 def test_ratio_limit_is_configurable(tmp_path: Path) -> None:
