@@ -254,7 +254,7 @@ class WorkerProcess:
                 {
                     "id": it.request_id,
                     "headers": it.headers,
-                    "params": [[p[0], p[1]] for p in it.params],
+                    "params": [p[:2] for p in it.params],  # name, content type
                 }
                 for it in items
             ]
