@@ -69,6 +69,7 @@ class Config:
     http2: bool = False  # serve HTTP/2 too (h2c; ALPN with TLS): hypercorn only
     drain_timeout: float = 30.0
     worker_restart_max_backoff: float = 30.0
+    worker_spares: int = 1  # warm interpreters (torch imported) for the next worker start
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
 
@@ -115,6 +116,8 @@ class Config:
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if self.worker_spares < 0:
+            raise ConfigError("Config 'worker_spares' must be 0 or more")
         for key in ("job_queue_size", "batch_size", "max_request_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")

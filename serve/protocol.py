@@ -37,6 +37,7 @@ class MsgType(enum.IntEnum):
     SHUTDOWN = 7  # frontend → worker: finish and exit
     LOG = 8  # reserved
     PARTIAL = 9  # worker → frontend: an intermediate (streamed) chunk for each batch item
+    THREADS = 10  # frontend → worker: {"threads": n}, its new intra-op share (serve/threads.py)
 
 
 class ProtocolError(Exception):
