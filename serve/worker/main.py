@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serve.logs import encode_worker_record
-from serve.protocol import Frame, FrameDecoder, MsgType, encode
+from serve.protocol import Frame, FrameReader, MsgType, encode
 
 logger = logging.getLogger("serve.worker")
 
@@ -29,19 +29,14 @@ class Connection:
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
-        self.decoder = FrameDecoder()
-        self.ready: list[Frame] = []
+        # Large request bodies are received straight into their own buffers (one copy).
+        self.reader = FrameReader(self.sock.recv_into)
 
     def send(self, frame: Frame) -> None:
         self.sock.sendall(b"".join(encode(frame)))
 
     def receive(self) -> Frame | None:
-        while not self.ready:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                return None
-            self.ready.extend(self.decoder.feed(data))
-        return self.ready.pop(0)
+        return self.reader.read()
 
 
 def _die_with_parent() -> None:
