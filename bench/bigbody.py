@@ -12,6 +12,9 @@ side by side in one run:
 and reports served/raw throughput, CPU per request of each part, and the **transport share**: the
 CPU that the frontend-to-worker path adds (frontend minus bare, worker minus raw) over the served
 CPU per request. That share is what shared memory or a zero-copy path could save at most.
+
+``--base DIR`` also serves the same model from another tree (e.g. ``git archive COMMIT | tar -x
+-C DIR``) in the same rounds: its served figures appear as the starred rows, side by side.
 """
 
 from __future__ import annotations
@@ -160,7 +163,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['size_mb']:>2} MB  {r['served_over_raw']:>10.3f}  {r['raw_rps']:>5.0f}"
+            f"{r['size_mb']:>2} MB{'*' if r.get('tree') else ' '} {r['served_over_raw']:>10.3f}"
+            f"  {r['raw_rps']:>5.0f}"
             f"  {r['served_rps']:>8.0f}  {r['raw_cpu_ms']:>7.2f}  {r['bare_fe_ms']:>7.2f}"
             f"  {r['served_fe_ms']:>9.2f}  {r['served_worker_ms']:>13.2f}"
             f"  {r['transport_ms']:>12.2f}  {r['transport_share']:>5.1%}"
@@ -177,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-bigbody"))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--base", type=Path, help="another tree to serve side by side")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     work = args.work
@@ -184,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(work)
     os.environ["LANTERN_MAX_REQUEST_SIZE"] = str((max(sizes) << 20) + 4096)
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {
-        s: {"raw": [], "bare": [], "served": []} for s in sizes
+        s: {"raw": [], "bare": [], "served": [], "base": []} for s in sizes
     }
+    base = None
+    if args.base is not None:
+        from bench.ab import _start
+
+        names = ["bigsum=bigsum"]
+        base = _start(args.base.resolve(), work / "base", model.parent, names, args.server)
     with (
         BareServer(work, args.server) as bare,
         LanternProcess(work, model.parent, ["bigsum=bigsum"], args.server) as lantern,
@@ -212,16 +223,28 @@ def main(argv: list[str] | None = None) -> int:
                 runs[size]["served"].append(
                     measure_served(lantern, body, args.concurrency, args.duration)
                 )
+                if base is not None:
+                    runs[size]["base"].append(
+                        measure_served(base, body, args.concurrency, args.duration)
+                    )
+    if base is not None:
+        base.stop()
     rows = []
     for size in sizes:
         pick = {
-            k: _median_run(v, "items_per_s" if k == "raw" else "rps") for k, v in runs[size].items()
+            k: _median_run(v, "items_per_s" if k == "raw" else "rps")
+            for k, v in runs[size].items()
+            if v
         }
         rows.append(summarise(size, pick["raw"], pick["bare"], pick["served"]))
+        if "base" in pick:
+            base_row = summarise(size, pick["raw"], pick["bare"], pick["base"])
+            rows.append({**base_row, "tree": "base"})
     print(format_rows(rows))
     print(
         f"\n{args.server}, 1 worker × 1 thread, c={args.concurrency}, {args.duration:g} s × "
         f"{args.repeats} (median run by throughput); load average {os.getloadavg()[0]:.2f}"
+        + ("; * = the --base tree" if base is not None else "")
     )
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"bigbody-{time.strftime('%Y%m%d-%H%M%S')}.json"
