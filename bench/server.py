@@ -42,12 +42,13 @@ class _Process:
         self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = work / f"{name}.log"
+        self.cwd = REPO  # another tree's root runs that tree's code (bench.ab)
 
     def _spawn(self, cmd: list[str]) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                cmd, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
     @property

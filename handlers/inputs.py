@@ -31,14 +31,18 @@ def _charset(params: dict[str, str]) -> str:
 
 
 def decode_value(raw: bytes, content_type: str | None, *, decode: bool = True) -> Any:
-    """JSON -> object, ``text/*`` -> str, anything else (or any decode error) -> bytes.
+    """JSON -> object, ``text/*`` -> str, anything else (or any decode error) -> the raw bytes.
+
+    The raw bytes are the payload as the worker received it: a ``bytearray`` (what TorchServe
+    hands handlers too), passed on without a copy.
 
     Unlike TorchServe, which compares the whole header with ``application/json``, the media type
     is parsed, so ``application/json; charset=utf-8`` and ``+json`` types are JSON too, and a
     ``charset`` parameter on ``text/*`` is honoured. ``decode=False`` is TorchServe's
-    ``decode_input_request=false``: always bytes.
+    ``decode_input_request=false``: always the raw bytes.
     """
-    raw = bytes(raw)
+    if not isinstance(raw, (bytes, bytearray)):  # a payload is used as received: no copy
+        raw = bytes(raw)
     if not decode or not content_type:
         return raw
     media_type, params = _media_type(content_type)

@@ -19,6 +19,7 @@ import click
 
 from serve import __version__
 from serve.config import Config, ConfigError
+from serve.server_choice import resolve_http_server
 
 _DETACHED_ENV = "_LANTERN_DETACHED"
 DEFAULT_STATE_FILE = Path(tempfile.gettempdir()) / ".lantern" / "server.json"
@@ -72,7 +73,12 @@ def main() -> None:
     help="Allow registering and unregistering models over the management API.",
 )
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for log files.")
-@click.option("--http-server", type=click.Choice(["hypercorn", "uvicorn"]), default=None)
+@click.option(
+    "--http-server",
+    type=click.Choice(["auto", "hypercorn", "uvicorn"]),
+    default=None,
+    help="auto (default): uvicorn, or hypercorn when HTTP/2 is asked for.",
+)
 @click.option("--inference-address", default=None, help="e.g. http://127.0.0.1:8080")
 @click.option("--management-address", default=None, help="e.g. http://127.0.0.1:8081")
 @click.option("--metrics-address", default=None, help="e.g. http://127.0.0.1:8082")
@@ -104,9 +110,14 @@ def start(foreground: bool, pid_file: str | None, wait_timeout: float, **options
         raise click.ClickException(
             f"Lantern is already running (pid {running['pid']}); run 'serve stop' first."
         )
-    if foreground:
+    try:
+        choice = resolve_http_server(config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if foreground:  # the server logs its choice to the console
         _run_foreground(config, state_file, restore=not options["ncs"])
         return
+    click.echo(choice.describe())
     _start_background(config, state_file, wait_timeout)
 
 

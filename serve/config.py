@@ -22,7 +22,7 @@ import yaml
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "LANTERN_"
-HttpServer = Literal["hypercorn", "uvicorn"]
+HttpServer = Literal["auto", "hypercorn", "uvicorn"]
 
 
 class ConfigError(ValueError):
@@ -65,12 +65,14 @@ class Config:
     log_level: str = "INFO"  # server and model logs; the access log is on or off (access_log)
     access_log: bool = True
     snapshot: bool = True
-    http_server: HttpServer = "hypercorn"
+    http_server: HttpServer = "auto"  # uvicorn unless a hypercorn-only setting is on
+    http2: bool = False  # serve HTTP/2 too (h2c; ALPN with TLS): hypercorn only
     drain_timeout: float = 30.0
     worker_restart_max_backoff: float = 30.0
     # A worker up this many seconds ends a crash streak: its replacement restarts without delay.
     worker_restart_backoff_reset: float = 60.0
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
+    worker_spares: int = 1  # warm interpreters (torch imported) for the next worker start
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
@@ -115,12 +117,14 @@ class Config:
                 host_port(getattr(self, key))
             except ConfigError as exc:
                 raise ConfigError(f"Config '{key}': {exc}") from None
-        if self.http_server not in ("hypercorn", "uvicorn"):
-            raise ConfigError("Config 'http_server' must be 'hypercorn' or 'uvicorn'")
+        if self.http_server not in ("auto", "hypercorn", "uvicorn"):
+            raise ConfigError("Config 'http_server' must be 'auto', 'hypercorn' or 'uvicorn'")
         if self.log_format not in ("text", "json"):
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if self.worker_spares < 0:
+            raise ConfigError("Config 'worker_spares' must be 0 or more")
         for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")

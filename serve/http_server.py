@@ -1,4 +1,7 @@
-"""Run ASGI apps on already-bound sockets with hypercorn (default) or uvicorn, in one event loop.
+"""Run ASGI apps on already-bound sockets with hypercorn or uvicorn, in one event loop.
+
+Which one runs is decided by `serve.server_choice` (``http_server: auto`` picks uvicorn unless a
+hypercorn-only setting such as ``http2`` is on).
 
 Both stop on one shared event; the signal handlers are the caller's, never the servers' own (each
 hypercorn ``serve()`` would otherwise replace the previous one's handler and leave a server
@@ -85,9 +88,9 @@ async def _run_uvicorn(
 ) -> None:
     try:
         import uvicorn
-    except ImportError as exc:  # the optional extra is not installed
+    except ImportError as exc:  # removed from the environment by hand
         raise RuntimeError(
-            "http_server 'uvicorn' needs the uvicorn extra: pip install 'lantern-serve[uvicorn]'"
+            "http_server 'uvicorn' needs uvicorn (a dependency): pip install uvicorn"
         ) from exc
 
     class _Server(uvicorn.Server):

@@ -20,7 +20,9 @@ from serve.dispatcher import Dispatcher
 from serve.errors import ShuttingDown
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
 from serve.pool import WorkerInfo, WorkerPool, WorkerSlot
+from serve.threads import ThreadBudget, ThreadDemand
 from serve.worker.process import WorkerProcess, WorkerStartFailed
+from serve.worker.spares import SparePool, worker_base_env
 
 if TYPE_CHECKING:
     from serve.metrics import ServerMetrics
@@ -72,7 +74,7 @@ class ModelVersion:
             max_backoff=config.worker_restart_max_backoff,
             stable_after=config.worker_restart_backoff_reset,
             gpu_for=self._gpu_for,
-            on_ready=lambda: self.dispatcher.schedule(),
+            on_ready=self._worker_ready,
             on_restart=self._count_restart,
             on_recycle=self._count_recycle,
         )
@@ -81,6 +83,11 @@ class ModelVersion:
         )
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
+        # The server-wide intra-op thread budget (set by the registry); None: this version's
+        # cores are divided among its own workers only.
+        self.thread_budget: ThreadBudget | None = None
+        # Warm spare interpreters shared by the server (set by the registry); None: cold starts.
+        self.spares: SparePool | None = None
 
     # ----- what other modules read ---------------------------------------------------------
 
@@ -194,7 +201,11 @@ class ModelVersion:
 
     def _make_worker(self, slot: WorkerSlot) -> WorkerProcess:
         return WorkerProcess(
-            slot.worker_id, self.worker_spec(slot), self.socket_dir, env=self._worker_env()
+            slot.worker_id,
+            self.worker_spec(slot),
+            self.socket_dir,
+            env=self._worker_env(),
+            spares=self.spares,
         )
 
     def _gpu_for(self, index: int) -> int | None:
@@ -226,8 +237,28 @@ class ModelVersion:
     def threads_per_worker(self) -> int:
         if self.settings.num_threads:
             return self.settings.num_threads
+        if self.thread_budget is not None:
+            return self.thread_budget.threads_for(self)
         workers = max(1, self.max_workers, len(self.pool.active()))
         return max(1, (os.cpu_count() or 1) // workers)
+
+    def thread_demand(self) -> ThreadDemand:
+        """This version's claim on the server's thread budget."""
+        return ThreadDemand(
+            f"{self.name}/{self.version}", len(self.pool.active()), self.settings.num_threads
+        )
+
+    def apply_threads(self, threads: int) -> None:
+        """Pass a new share to every running worker that has another."""
+        for worker in self.pool.workers():
+            set_threads = getattr(worker, "set_threads", None)
+            if set_threads is not None:
+                set_threads(threads)
+
+    def _worker_ready(self) -> None:
+        if self.thread_budget is not None:  # the budget may have moved while it started
+            self.apply_threads(self.threads_per_worker())
+        self.dispatcher.schedule()
 
     def _affinity(self, slot: WorkerSlot) -> list[int] | None:
         enabled = self.settings.cpu_affinity
@@ -241,17 +272,8 @@ class ModelVersion:
         return [cpus[(start + i) % len(cpus)] for i in range(min(per, len(cpus)))]
 
     def _worker_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.config.blacklist_env_vars:
-            import re
-
-            pattern = re.compile(self.config.blacklist_env_vars)
-            env = {k: v for k, v in env.items() if not pattern.fullmatch(k)}
+        env = worker_base_env(self.config)  # blacklist, OMP_WAIT_POLICY, unbuffered output
         threads = str(self.threads_per_worker())
         for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(key, threads)
-        # OpenMP threads otherwise spin after every operator, burning the cores the frontend
-        # and the other workers need (measured: half the server CPU per request; bench/).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        env["PYTHONUNBUFFERED"] = "1"
         return env

@@ -30,6 +30,8 @@ from serve.errors import (
 from serve.model import ModelSource, ModelVersion
 from serve.redact import client_message
 from serve.sources import ModelLocation, ModelSources
+from serve.threads import ThreadBudget
+from serve.worker.spares import SparePool, worker_base_env
 
 if TYPE_CHECKING:
     from serve.metrics import ServerMetrics
@@ -68,6 +70,10 @@ class Registry:
         self.extract_dir = work_dir / "models"
         self.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.extract_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Every change of models or worker counts moves the server-wide thread budget.
+        self.thread_budget = ThreadBudget(self.all_versions)
+        # Warm interpreters for the next worker start (serve/worker/spares.py); started lazily.
+        self.spares = SparePool(config.worker_spares, worker_base_env(config))
         self.listeners: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
         self._quiet = 0
@@ -182,6 +188,8 @@ class Registry:
                 self.metrics,
                 loaded_at_startup=loaded_at_startup,
             )
+            model.thread_budget = self.thread_budget
+            model.spares = self.spares
             if entry is None:
                 entry = self.models[name] = ModelEntry(name, default_version=version)
             entry.versions[version] = model
@@ -269,6 +277,7 @@ class Registry:
         await asyncio.gather(*(m.drain(timeout) for m in self.all_versions()))
 
     async def stop(self) -> None:
+        await self.spares.stop()
         await asyncio.gather(*(m.stop() for m in self.all_versions()))
         for model in self.all_versions():
             _cleanup(model.source)
@@ -284,6 +293,7 @@ class Registry:
 
     def changed(self) -> None:
         """Tell the listeners (the snapshot writer) that models, versions or workers changed."""
+        self.thread_budget.rebalance()  # never held back: running workers get their new share
         if self._quiet:
             return
         for listener in self.listeners:

@@ -27,6 +27,7 @@ from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
 from serve.registry import Registry
+from serve.server_choice import resolve_http_server
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class Server:
 
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT or `stop()`; then drain and stop every worker."""
+        http_server = resolve_http_server(self.config)  # raises ConfigError before binding
+        logger.info("%s", http_server.describe())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop)
@@ -108,7 +111,7 @@ class Server:
         try:
             await run_servers(
                 bindings,
-                self.config.http_server,
+                http_server.kind,
                 self.stop_event,
                 self.config.drain_timeout,
                 drained=drained,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.errors import MethodNotAllowed, NotFound, ServeError, error_body, error_for_status
+from serve.request_ids import new_request_id
 
 if TYPE_CHECKING:
     from serve.auth import TokenAuth
@@ -48,7 +48,7 @@ def request_id(request: Request) -> str:
     rid = request.scope.get("lantern.request_id")
     if rid is None:
         given = request.headers.get("x-request-id", "")
-        rid = given if 0 < len(given) <= 128 and given.isprintable() else str(uuid.uuid4())
+        rid = given if 0 < len(given) <= 128 and given.isprintable() else new_request_id()
         request.scope["lantern.request_id"] = rid
     return rid
 

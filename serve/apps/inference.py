@@ -65,7 +65,7 @@ def create_inference_app(
         try:
             params = await read_params(request, state.config.max_request_size)
             # x-lantern-* headers are ours (protocol requests to workers); clients cannot set them.
-            headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
+            headers = _forwarded_headers(request.scope["headers"])
             if path.get("rest"):
                 headers["url_path"] = path["rest"]
             if explain:
@@ -140,6 +140,14 @@ class InferenceApp:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers as the worker sees them, straight from the ASGI scope (no
+    intermediate `Headers`); names arrive lower-cased. The last of repeated names wins."""
+    return {
+        k.decode("latin-1"): v.decode("latin-1") for k, v in raw if not k.startswith(b"x-lantern-")
+    }
 
 
 def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serve.logs import encode_worker_record
-from serve.protocol import Frame, FrameDecoder, MsgType, encode
+from serve.protocol import Frame, FrameReader, MsgType, encode
 
 logger = logging.getLogger("serve.worker")
 
@@ -29,19 +29,14 @@ class Connection:
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
-        self.decoder = FrameDecoder()
-        self.ready: list[Frame] = []
+        # Large request bodies are received straight into their own buffers (one copy).
+        self.reader = FrameReader(self.sock.recv_into)
 
     def send(self, frame: Frame) -> None:
         self.sock.sendall(b"".join(encode(frame)))
 
     def receive(self) -> Frame | None:
-        while not self.ready:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                return None
-            self.ready.extend(self.decoder.feed(data))
-        return self.ready.pop(0)
+        return self.reader.read()
 
 
 def _die_with_parent() -> None:
@@ -74,6 +69,20 @@ def _cap_threads(spec: dict[str, Any]) -> None:
         import torch
 
         torch.set_num_threads(int(threads))
+
+
+def _set_threads(threads: int, context: Any) -> None:
+    """A new share of the server's thread budget: torch takes it from the next operator on.
+
+    ONNX Runtime sessions and BLAS pools keep what they were created with (until a restart)."""
+    if threads < 1:
+        return
+    context.system_properties["num_threads"] = threads
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def load(spec: dict[str, Any]) -> tuple[Any, Any]:
@@ -272,12 +281,20 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    _setup_logging(str(spec.get("log_level") or "INFO").upper())
     # The frontend stops us with SHUTDOWN or SIGTERM; Ctrl-C in a foreground server must not
     # kill workers before the frontend drains them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    if argv[1] == "--spare":  # a warm spare: the spec comes on stdin when a worker is needed
+        from serve.worker.spares import wait_as_spare
+
+        spare_spec = wait_as_spare(argv[2].split(",") if len(argv) > 2 else ["torch"])
+        if spare_spec is None:
+            return 0
+        spec = spare_spec
+    else:
+        spec = json.loads(argv[1])
+    _setup_logging(str(spec.get("log_level") or "INFO").upper())
     conn = Connection(spec["socket"])
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
     try:
@@ -288,12 +305,18 @@ def main(argv: list[str]) -> int:
         logger.error("Failed to load the model", exc_info=True)
         conn.send(Frame(MsgType.LOAD_FAILED, 0, load_failure(spec, exc)))
         return 1
-    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid()}))
+    from serve.worker.spares import loaded_frameworks
+
+    # What it imported tells the server's spares what to preload (serve/worker/spares.py).
+    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid(), "modules": loaded_frameworks()}))
     decode = spec.get("decode_input_request", True)
     while True:
         frame = conn.receive()
         if frame is None or frame.type == MsgType.SHUTDOWN:
             return 0
+        if frame.type == MsgType.THREADS:
+            _set_threads(int(frame.meta["threads"]), context)
+            continue
         if frame.type == MsgType.PREDICT:
             context.intermediate_sink = _chunk_sender(conn, frame.seq)
             conn.send(client_errors(run_batch(service, context, frame, decode)))

@@ -18,6 +18,7 @@ from typing import Any
 from serve.errors import ServeError, WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode
+from serve.worker.spares import SparePool
 
 __all__ = [  # the job types live in serve.jobs; these names stay importable from here
     "BatchItem",
@@ -49,8 +50,10 @@ class WorkerProcess:
         socket_dir: Path,
         *,
         env: dict[str, str] | None = None,
+        spares: SparePool | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.spares = spares
         self.spec = spec
         # A short random name: the path must not grow with the model's name (sun_path limit).
         self.socket_path = socket_dir / f"w-{secrets.token_hex(6)}.sock"
@@ -59,6 +62,8 @@ class WorkerProcess:
         self.pid: int | None = None
         self.started_at = time.time()
         self.gpu_id: int | None = spec.get("gpu_id")
+        self.threads: int | None = spec.get("num_threads")  # its share of the thread budget
+        self.warm = False  # started from a warm spare
         self.proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
@@ -90,18 +95,12 @@ class WorkerProcess:
         os.chmod(self.socket_path, 0o600)
         spec = dict(self.spec, socket=str(self.socket_path), worker_id=self.worker_id)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "serve.worker",
-                json.dumps(spec),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self.env,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches the frontend only
-            )
+            self.proc = await self._spawn(spec)
             self.pid = self.proc.pid
+            if self.warm:
+                logging.getLogger("serve.spares").info(
+                    "Worker %s started from a warm spare (pid %s)", self.worker_id, self.pid
+                )
             self._tasks = [
                 asyncio.create_task(self._pipe_log(self.proc.stdout, logging.INFO)),
                 asyncio.create_task(self._pipe_log(self.proc.stderr, logging.INFO)),
@@ -116,6 +115,8 @@ class WorkerProcess:
             )
             if loaded.type == MsgType.LOAD_FAILED:
                 raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
+            if self.spares is not None:
+                self.spares.learn(loaded.meta.get("modules") or [])
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.state = WorkerState.READY
         except BaseException:
@@ -125,6 +126,32 @@ class WorkerProcess:
             server.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+
+    async def _spawn(self, spec: dict[str, Any]) -> asyncio.subprocess.Process:
+        """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh
+        interpreter given it on its command line."""
+        spare = self.spares.take() if self.spares is not None else None
+        if spare is not None:
+            assert spare.stdin is not None
+            try:
+                spare.stdin.write(json.dumps(spec).encode() + b"\n")
+                await spare.stdin.drain()
+                spare.stdin.close()
+                self.warm = True
+                return spare
+            except (ConnectionError, RuntimeError):  # it died meanwhile: start afresh
+                spare.kill()
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "serve.worker",
+            json.dumps(spec),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the frontend only
+        )
 
     async def _await_or_exit(self, awaitable: Any, timeout: float) -> Any:
         task = asyncio.ensure_future(awaitable)
@@ -239,7 +266,7 @@ class WorkerProcess:
                 {
                     "id": it.request_id,
                     "headers": it.headers,
-                    "params": [[p[0], p[1]] for p in it.params],
+                    "params": [p[:2] for p in it.params],  # name, content type
                 }
                 for it in items
             ]
@@ -258,6 +285,14 @@ class WorkerProcess:
             raise WorkerDied(f"Worker {self.worker_id} died.") from exc
         frame = await future
         return _outcome(frame)
+
+    def set_threads(self, threads: int) -> None:
+        """Give a running worker a new intra-op thread share (applied before its next batch)."""
+        if threads == self.threads or self._writer is None or self.state == WorkerState.DEAD:
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.writelines(encode(Frame(MsgType.THREADS, 0, {"threads": threads})))
+            self.threads = threads
 
     async def wait_exit(self) -> int | None:
         await self._exited.wait()

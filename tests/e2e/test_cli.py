@@ -50,6 +50,7 @@ def test_start_status_stop(tmp_path: Path) -> None:
     )
     assert started.returncode == 0, started.stderr
     assert "Lantern is running" in started.stdout
+    assert "HTTP server: uvicorn (auto: fastest for HTTP/1.1" in started.stdout
     info = json.loads(state.read_text())
     try:
         # Token auth is on by default: inference needs the key from key_file.json.

@@ -6,7 +6,15 @@ import struct
 
 import pytest
 
-from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode_bytes, frames_from
+from serve.protocol import (
+    Frame,
+    FrameDecoder,
+    FrameReader,
+    MsgType,
+    ProtocolError,
+    encode_bytes,
+    frames_from,
+)
 
 
 def test_round_trip_with_payloads() -> None:
@@ -46,3 +54,47 @@ def test_incomplete_frame_waits_for_more() -> None:
     decoder = FrameDecoder()
     assert decoder.feed(data[:-1]) == []
     assert decoder.feed(data[-1:])[0].meta == {"worker_id": "w"}
+
+
+def _reader_over(data: bytes, chunk: int, buffer_size: int = 64) -> FrameReader:
+    """A `FrameReader` over ``data`` whose ``recv_into`` returns at most ``chunk`` bytes."""
+    source = memoryview(data)
+    pos = 0
+
+    def recv_into(view: memoryview) -> int:
+        nonlocal pos
+        n = min(len(view), chunk, len(source) - pos)
+        view[:n] = source[pos : pos + n]
+        pos += n
+        return n
+
+    return FrameReader(recv_into, buffer_size=buffer_size)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_reader_reads_small_and_large_frames_in_any_chunking(chunk: int) -> None:
+    frames = [
+        Frame(MsgType.THREADS, 0, {"threads": 2}),
+        Frame(MsgType.PREDICT, 1, {"requests": [{"id": "a" * 200}]}, (b"x" * 10, b"")),
+        Frame(MsgType.PREDICT, 2, {}, (bytes(range(256)) * 1000, b"tail")),  # past the buffer
+        Frame(MsgType.SHUTDOWN, 0, {}),
+    ]
+    reader = _reader_over(b"".join(encode_bytes(f) for f in frames), chunk)
+    got = [reader.read() for _ in frames]
+    assert got == frames
+    assert all(isinstance(p, bytearray) for f in got if f for p in f.payloads)
+    assert reader.read() is None  # a clean end between frames
+
+
+def test_reader_refuses_a_stream_cut_inside_a_frame_and_oversized_frames() -> None:
+    data = encode_bytes(Frame(MsgType.PREDICT, 1, {}, (b"x" * 1000,)))
+    with pytest.raises(ProtocolError, match="ended inside a frame"):
+        _reader_over(data[:-1], 100).read()
+    with pytest.raises(ProtocolError, match="ended inside a frame"):
+        _reader_over(data[:5], 100).read()
+    reader = _reader_over(data, 100)
+    reader._max = 100
+    with pytest.raises(ProtocolError, match="exceeds"):
+        reader.read()
+    with pytest.raises(ProtocolError):
+        _reader_over(struct.pack("!BIII", 4, 1, 3, 0) + b"{x]", 100).read()

@@ -1,0 +1,255 @@
+"""``python -m bench.recovery``: how fast a worker becomes READY, cold and from a warm spare.
+
+For a tiny 100→64→10 MLP in three forms (TorchScript, eager ``model.py`` + state dict, ONNX):
+
+* **register → READY**: ``POST /models?synchronous=true`` for a fresh copy, timed by the client
+  (archive extraction included);
+* **crash → READY**: SIGKILL the worker, poll ``GET /models/NAME`` every 10 ms until a READY
+  worker with another pid is there.
+
+Two servers run side by side, ``worker_spares: 0`` (every worker a fresh interpreter: the old
+path) and ``worker_spares: 1``; both with ``worker_restart_max_backoff: 0`` so the figure is the
+start itself, not the restart back-off. Before each spare-server measurement the harness waits
+for the spare to be ready (the server logs it), as an idle server has it.
+
+``--scale`` adds the scale-up scenario: the TorchScript model, 1 worker, under wrk load at c=4;
+p99 for 3 s before, for 3 s from ``PUT /models/NAME?min_worker=4``, and for 3 s after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from archiver import build
+from bench.load import run_load
+from bench.models import TINY_FEATURES, ModelFactory
+from bench.server import LanternProcess
+
+REPO = Path(__file__).resolve().parent.parent
+EAGER_MODEL = """
+import torch
+
+
+class TinyMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(100, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+"""
+KINDS = ("torchscript", "eager", "onnx")
+
+
+def _log(message: str) -> None:
+    print(f"[recovery {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def build_models(work: Path) -> Path:
+    """``ts.mar``, ``eager.mar`` and ``onnx.mar`` (folder archives) in ``work/store``."""
+    import torch
+
+    store = work / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    factory = ModelFactory(work)
+    ts_file = factory.weights("tiny")
+    model_py = work / "tiny_model.py"
+    model_py.write_text(EAGER_MODEL)
+    namespace: dict[str, Any] = {}
+    exec(compile(EAGER_MODEL, str(model_py), "exec"), namespace)
+    torch.manual_seed(0)
+    module = namespace["TinyMLP"]().eval()
+    state = work / "tiny_eager.pt"
+    torch.save(module.state_dict(), state)
+    onnx_file = work / "tiny.onnx"
+    if not onnx_file.exists():
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (torch.zeros(1, TINY_FEATURES),),
+                str(onnx_file),
+                dynamo=False,
+                input_names=["input"],
+                output_names=["out"],
+                dynamic_axes={"input": {0: "batch"}, "out": {0: "batch"}},
+            )
+    config = work / "one-worker.yaml"
+    config.write_text("minWorkers: 1\nmaxWorkers: 4\nbatchSize: 1\njobQueueSize: 1000\n")
+    common = {"version": "1.0", "handler": "base_handler", "export_path": str(store)}
+    for name, extra in (
+        ("torchscript", {"serialized_file": str(ts_file)}),
+        ("eager", {"serialized_file": str(state), "model_file": str(model_py)}),
+        ("onnx", {"serialized_file": str(onnx_file)}),
+    ):
+        if not (store / f"{name}.mar").exists():
+            build(model_name=name, config_file=str(config), force=True, **common, **extra)
+    return store
+
+
+def _request(method: str, url: str, timeout: float = 120.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def ready_pids(lantern: LanternProcess, model: str) -> list[int]:
+    status, body = _request("GET", f"{lantern.addresses['management']}/models/{model}", 10)
+    if status != 200:
+        return []
+    return [w["pid"] for w in json.loads(body)[0]["workers"] if w["status"] == "READY"]
+
+
+def has_ready_spare(lantern: LanternProcess) -> bool:
+    """The pool has a spare waiting: more spares became ready than workers started from one."""
+    log = lantern.work / "logs" / "lantern.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text.count("Spare worker ready") > text.count("started from a warm spare")
+
+
+def wait_spare(lantern: LanternProcess, spares: int) -> None:
+    """Let a spare server have its spare ready, as an idle server has it."""
+    deadline = time.monotonic() + 120
+    while spares and not has_ready_spare(lantern):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no spare became ready")
+        time.sleep(0.05)
+
+
+def crash_to_ready(lantern: LanternProcess, model: str) -> float:
+    (old,) = ready_pids(lantern, model)[:1]
+    started = time.perf_counter()
+    os.kill(old, signal.SIGKILL)
+    while True:
+        pids = ready_pids(lantern, model)
+        if pids and old not in pids:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > 120:
+            raise TimeoutError(f"{model}: no replacement")
+        time.sleep(0.01)
+
+
+def register_to_ready(lantern: LanternProcess, kind: str, copy: str) -> float:
+    api = lantern.addresses["management"]
+    started = time.perf_counter()
+    status, body = _request(
+        "POST",
+        f"{api}/models?url={kind}.mar&model_name={copy}&initial_workers=1&synchronous=true",
+    )
+    elapsed = time.perf_counter() - started
+    if status != 200:
+        raise RuntimeError(f"register {copy}: {status} {body[:300]!r}")
+    _request("DELETE", f"{api}/models/{copy}")
+    return elapsed
+
+
+def scale_up(lantern: LanternProcess, body: Path, seconds: float) -> dict[str, float]:
+    """p99 (ms) before, during and after scaling ``torchscript`` from 1 to 4 workers."""
+    url = lantern.url("torchscript")
+    api = lantern.addresses["management"]
+    out: dict[str, float] = {}
+    out["before"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
+
+    def scale() -> None:
+        _request("PUT", f"{api}/models/torchscript?min_worker=4&synchronous=false")
+
+    threading.Thread(target=scale).start()
+    out["during"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
+    out["after"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
+    _request("PUT", f"{api}/models/torchscript?min_worker=1&synchronous=true")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="crashes per model and server")
+    parser.add_argument("--scale", action="store_true", help="also the 1 -> 4 scale-up under load")
+    parser.add_argument("--server", default="uvicorn")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-recovery"))
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+    store = build_models(args.work)
+    body, _ = ModelFactory(args.work).body("tiny")
+    results: dict[str, Any] = {}
+    servers: dict[int, LanternProcess] = {}
+    os.environ["LANTERN_WORKER_RESTART_MAX_BACKOFF"] = "0"
+    try:
+        for spares in (0, 1):
+            os.environ["LANTERN_WORKER_SPARES"] = str(spares)
+            work = args.work / f"spares{spares}"
+            names = [f"{k}={k}.mar" for k in KINDS]
+            _log(f"starting the worker_spares={spares} server")
+            servers[spares] = LanternProcess(
+                work, store, names, args.server, ["--enable-model-api"]
+            ).start()
+        for rep in range(args.repeats):
+            for kind in KINDS:
+                for spares, lantern in servers.items():
+                    key = f"{kind}:spares{spares}"
+                    wait_spare(lantern, spares)
+                    crash = crash_to_ready(lantern, kind)
+                    wait_spare(lantern, spares)
+                    reg = register_to_ready(lantern, kind, f"{kind}_copy")
+                    slot = results.setdefault(key, {"crash": [], "register": []})
+                    slot["crash"].append(crash)
+                    slot["register"].append(reg)
+                    _log(
+                        f"{key} repeat {rep + 1}: crash {crash * 1000:.0f} ms, "
+                        f"register {reg * 1000:.0f} ms"
+                    )
+        if args.scale:
+            for spares, lantern in servers.items():
+                wait_spare(lantern, spares)
+                results[f"scale:spares{spares}"] = scale_up(lantern, body, 3.0)
+                _log(f"scale spares={spares}: {results[f'scale:spares{spares}']}")
+    finally:
+        for lantern in servers.values():
+            lantern.stop()
+    print("model        spares  crash->READY p50 (min-max) ms   register->READY p50 ms")
+    for key, slot in results.items():
+        if key.startswith("scale:"):
+            continue
+        kind, spares = key.split(":")
+        crash = sorted(slot["crash"])
+        print(
+            f"{kind:<12} {spares[-1]:>6}  {statistics.median(crash) * 1000:>8.0f} "
+            f"({crash[0] * 1000:.0f}-{crash[-1] * 1000:.0f})"
+            f"{statistics.median(slot['register']) * 1000:>26.0f}"
+        )
+    for key, p99 in results.items():
+        if key.startswith("scale:"):
+            ratio = p99["during"] / p99["before"] if p99["before"] else float("nan")
+            print(
+                f"{key}: p99 before {p99['before']:.1f} ms, during {p99['during']:.1f} ms "
+                f"({ratio:.2f}x), after {p99['after']:.1f} ms"
+            )
+    print(
+        f"\n{args.server}; {args.repeats} crashes per model and server, back-off 0; "
+        f"load average now {os.getloadavg()[0]:.2f}"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"recovery-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"JSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

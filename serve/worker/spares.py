@@ -1,0 +1,181 @@
+"""Warm spare worker interpreters: started, with torch imported, before a worker is needed.
+
+A worker used to be a fresh ``python -m serve.worker`` that imported torch (1–2 s of CPU) before it
+could load its model, so a crashed worker's replacement, or a scale-up, took 1.2–2.2 s to be
+READY. A spare is the same interpreter started ahead of time, ``python -m serve.worker --spare``:
+it imports the heavy frameworks (`PRELOAD`), says ``SPARE-READY`` on stdout and waits for one line
+on stdin, the worker's spec. From then on it is an ordinary worker (same code, same socket
+protocol); the pool starts the next spare in the background.
+
+Why not fork a zygote that has imported torch: a fork inherits every thread and lock of its
+parent, and torch's (OpenMP, CUDA) must never be forked once initialised; a spare is a fresh
+``exec`` that has not touched CUDA (importing torch does not initialise it), so nothing is shared.
+The price is memory: each spare holds an idle interpreter with torch imported (~700 MB RSS with
+torch 2.14; ``docs/performance.md``), and the CPU to start it, spent right after a spare is taken.
+A spare imports torch, and torchvision or ONNX Runtime once a worker of this server has loaded
+them (workers report what they imported), so a spare that becomes a worker carries no framework
+that the server's models do not use.
+
+Spares share one environment, the server's (`worker_base_env`); a worker's thread share reaches
+it through its spec (``torch.set_num_threads`` and ONNX Runtime's session options) instead of
+``OMP_NUM_THREADS``, which a spare has at 1 unless the server's environment sets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+# The server log, not the model log that "serve.worker.*" records go to.
+logger = logging.getLogger("serve.spares")
+
+# What a spare may import before it is needed (each only if installed): torch always; the others
+# once a worker of this server has used them (torchvision alone adds ~170 MB to a worker).
+PRELOADABLE = ("torch", "torchvision", "onnxruntime")
+ALWAYS = ("torch",)
+READY_LINE = b"SPARE-READY\n"
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def worker_base_env(config: Any) -> dict[str, str]:
+    """The environment every worker starts from: the server's, less ``blacklist_env_vars``."""
+    env = dict(os.environ)
+    if config.blacklist_env_vars:
+        pattern = re.compile(config.blacklist_env_vars)
+        env = {k: v for k, v in env.items() if not pattern.fullmatch(k)}
+    # OpenMP threads otherwise spin after every operator, burning the cores the frontend
+    # and the other workers need (measured: half the server CPU per request; bench/).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class SparePool:
+    """Keeps up to ``size`` spare interpreters ready; `take` hands one over."""
+
+    def __init__(self, size: int, env: dict[str, str]) -> None:
+        self.size = size
+        self.env = dict(env)
+        for key in _THREAD_VARS:  # the worker's share comes with its spec
+            self.env.setdefault(key, "1")
+        self.preload: set[str] = set(ALWAYS)
+        self._ready: list[asyncio.subprocess.Process] = []
+        self._starting: set[asyncio.Task[None]] = set()
+        self._all: set[asyncio.subprocess.Process] = set()
+        self.closed = False
+
+    def take(self) -> asyncio.subprocess.Process | None:
+        """A ready spare, or None (then the caller starts a fresh worker); refills either way."""
+        spare = None
+        while self._ready:
+            candidate = self._ready.pop(0)
+            if candidate.returncode is None:
+                spare = candidate
+                self._all.discard(spare)
+                break
+        self.refill()
+        return spare
+
+    def learn(self, modules: list[str]) -> None:
+        """Frameworks a loaded worker imported: later spares preload them too."""
+        self.preload |= set(modules) & set(PRELOADABLE)
+
+    def refill(self) -> None:
+        """Start spares until ``size`` are ready or starting."""
+        if self.closed:
+            return
+        for _ in range(self.size - len(self._ready) - len(self._starting)):
+            task = asyncio.create_task(self._start_one())
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start_one(self) -> None:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "serve.worker",
+                "--spare",
+                ",".join(sorted(self.preload)),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,  # as workers: a Ctrl-C reaches the frontend only
+            )
+        except OSError as exc:
+            logger.warning("Could not start a spare worker: %s", exc)
+            return
+        self._all.add(proc)
+        assert proc.stdout is not None
+        try:
+            line = await proc.stdout.readline()
+        except (asyncio.CancelledError, Exception):
+            _kill(proc)
+            raise
+        if line != READY_LINE or self.closed:
+            if line != READY_LINE:
+                logger.warning("A spare worker exited while starting (pid %s)", proc.pid)
+            _kill(proc)
+            self._all.discard(proc)
+            return
+        self._ready.append(proc)
+        logger.info("Spare worker ready (pid %s)", proc.pid)
+
+    async def stop(self) -> None:
+        """Stop every spare (EOF on stdin, then SIGKILL)."""
+        self.closed = True
+        for task in list(self._starting):
+            task.cancel()
+        for proc in list(self._all):
+            if proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.close()
+            _kill(proc)
+        for proc in list(self._all):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), 5.0)
+        self._all.clear()
+        self._ready.clear()
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+def loaded_frameworks() -> list[str]:
+    """In a worker: which of `PRELOADABLE` it has imported (sent with LOADED)."""
+    return [name for name in PRELOADABLE if name in sys.modules]
+
+
+def wait_as_spare(preload: list[str]) -> dict[str, Any] | None:
+    """In the spare process: preload, say so, and wait for a spec (None: stop, no worker)."""
+    import importlib
+    import importlib.util
+    import json
+
+    for name in preload:
+        if name not in PRELOADABLE:
+            continue
+        if importlib.util.find_spec(name) is not None:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # a broken optional install must not stop the spare
+                print(f"spare: could not preload {name}: {exc}", file=sys.stderr, flush=True)
+    # The worker's own modules too: everything but the model is then in memory.
+    import handlers.context
+    import handlers.service  # noqa: F401
+
+    sys.stdout.buffer.write(READY_LINE)
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    return json.loads(line)

@@ -1,0 +1,83 @@
+"""Warm spare workers on a real server: a crashed worker is replaced by a spare interpreter that
+already imported torch, the replacement gets its thread share, and spares end with the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+
+from tests.support.server import HANDLERS, LanternServer, build_archive, pid_alive
+
+T = TypeVar("T")
+CORES = len(os.sched_getaffinity(0))
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def spares_of(server: LanternServer) -> list[int]:
+    return [pid for pid in server.child_pids() if "--spare" in cmdline(pid)]
+
+
+def ready_spares(server: LanternServer) -> list[int]:
+    """Spares that finished preloading (the pool logs each) and still wait for a spec."""
+    log = server.log_text("lantern.log")
+    return [pid for pid in spares_of(server) if f"Spare worker ready (pid {pid})" in log]
+
+
+def wait_for(check: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("spares")
+    store = root / "store"
+    store.mkdir()
+    build_archive(store, "t", HANDLERS / "threads_handler.py", config={"minWorkers": 1})
+    running = LanternServer(root, store, ["t=t.mar"]).start()
+    yield running
+    running.stop()
+
+
+def test_a_crashed_worker_is_replaced_by_the_warm_spare(server: LanternServer) -> None:
+    spare = wait_for(lambda: ready_spares(server), 120, "a spare to be ready")[0]
+    (old,) = server.worker_pids("t")
+    assert "--spare" not in cmdline(old)  # the first worker started before any spare was ready
+    os.kill(old, signal.SIGKILL)
+    new = wait_for(lambda: [p for p in server.worker_pids("t") if p != old], 60, "a replacement")
+    assert new == [spare]  # the spare became the worker
+    resp = httpx.post(f"{server.inference}/predictions/t", content=b"x", timeout=60)
+    assert resp.status_code == 200
+    # Started with OMP_NUM_THREADS=1 like every spare, it runs on its share of the budget.
+    assert resp.json() == {"threads": CORES, "pid": spare}
+    assert "started from a warm spare" in server.log_text("lantern.log")
+    # ... and the pool starts the next spare.
+    wait_for(lambda: [p for p in ready_spares(server) if p != spare], 120, "the next spare")
+
+
+def test_spares_end_with_the_server(server: LanternServer) -> None:
+    spares = wait_for(lambda: spares_of(server), 120, "a spare")
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(60)
+    # The server stops its spares on the way out; a spare that outlived it would be a leak.
+    wait_for(lambda: not any(pid_alive(p) for p in spares), 10, "the spares to exit")
