@@ -70,6 +70,12 @@ class Config:
     worker_restart_max_backoff: float = 30.0
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+    # Handler metrics as TorchServe declares them (serve/metrics_config.py).
+    metrics_mode: str = "prometheus"  # prometheus | log | legacy (TorchServe's default: log)
+    metrics_config: str | None = None  # a TorchServe metrics.yaml
+    model_metrics_auto_detect: bool | None = None  # None: on without metrics_config, else off
+    # Install each archive's requirements.txt into its own folder (serve/model_deps.py).
+    install_py_dep_per_model: bool = False
 
     @classmethod
     def load(
@@ -117,6 +123,8 @@ class Config:
         for key in ("job_queue_size", "batch_size", "max_request_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
+        if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
+            raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -229,12 +237,8 @@ _TS_IGNORED = {
     "io_ratio",
     "initial_worker_port",
     "initial_distribution_port",
-    "metrics_mode",
-    "metrics_config",
-    "model_metrics_auto_detect",
     "disable_system_metrics",
     "enable_envvars_config",
-    "install_py_dep_per_model",
     "workflow_store",
     "models",
     "model_snapshot",

@@ -76,6 +76,7 @@ class ModelSource:
     handler: str | None  # an override of the manifest's handler
     runtime: str = "python"
     cleanup_dir: Path | None = None  # the folder we extracted into; None for a folder in place
+    dependency_path: Path | None = None  # install_py_dep_per_model: first on the workers' path
 
 
 class ModelVersion:
@@ -218,6 +219,10 @@ class ModelVersion:
             "limit_max_image_pixels": self.config.limit_max_image_pixels,
             "decode_input_request": self.config.decode_input_request,
             "log_level": self.config.log_level,
+            "metrics_config": self.config.metrics_config,  # its model_metrics are declared
+            "dependency_path": (
+                str(self.source.dependency_path) if self.source.dependency_path else None
+            ),
         }
 
     def threads_per_worker(self) -> int:
