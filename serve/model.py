@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from serve.batching import JobQueue
 from serve.config import Config, ModelSettings
 from serve.devices import visible_gpus
-from serve.dispatcher import Dispatcher
 from serve.errors import ShuttingDown
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
 from serve.pool import WorkerInfo, WorkerPool, WorkerSlot
+from serve.sequences import SequenceSettings, make_dispatcher
 from serve.worker.process import WorkerProcess, WorkerStartFailed
 
 if TYPE_CHECKING:
@@ -75,8 +75,17 @@ class ModelVersion:
             on_ready=lambda: self.dispatcher.schedule(),
             on_restart=self._count_restart,
         )
-        self.dispatcher = Dispatcher(
-            name, version, self.pool, lambda: self.settings, on_outcome=self._observe
+        # sequenceBatching (stateful models) in the archive's model-config.yaml.
+        self.sequences = SequenceSettings.from_config(
+            source.model_config, settings.batch_size, self.max_workers
+        )
+        self.dispatcher = make_dispatcher(
+            name,
+            version,
+            self.pool,
+            lambda: self.settings,
+            self.sequences,
+            on_outcome=self._observe,
         )
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
