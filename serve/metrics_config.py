@@ -39,12 +39,12 @@ class MetricSpec:
 
 @dataclass(frozen=True)
 class MetricsPolicy:
-    """What the frontend does with handler metrics, and what workers declare up front."""
+    """What the frontend does with handler metrics (workers read ``metrics_config`` themselves
+    to declare its ``model_metrics``)."""
 
     mode: str = "prometheus"
     auto_detect: bool = True
     model_metrics: dict[str, MetricSpec] = field(default_factory=dict)  # by name
-    model_metrics_section: dict[str, Any] = field(default_factory=dict)  # as the yaml has it
 
     @property
     def exposed(self) -> bool:
@@ -86,13 +86,13 @@ def load_policy(config: Config) -> MetricsPolicy:
         if not isinstance(document, Mapping):
             raise ConfigError(f"Config 'metrics_config': {path} must hold a mapping")
         parse_section(document.get("ts_metrics"), "ts_metrics")  # checked, not used
-        section = dict(document.get("model_metrics") or {})
+        section = document.get("model_metrics") or {}
+    model_metrics = parse_section(section, "model_metrics")
     auto = config.model_metrics_auto_detect
     if auto is None:
         auto = not config.metrics_config
     return MetricsPolicy(
         mode=mode,
         auto_detect=bool(auto),
-        model_metrics=parse_section(section, "model_metrics"),
-        model_metrics_section=section,
+        model_metrics=model_metrics,
     )

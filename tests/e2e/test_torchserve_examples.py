@@ -347,3 +347,23 @@ def test_unsupported_settings_are_refused_at_registration(server: LanternServer)
     response = httpx.post(f"{server.management}/models?url=continuous.mar", timeout=60)
     assert response.status_code == 400
     assert "continuousBatching" in response.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "message"),
+    [
+        ("POST", "/models?url=mnist.mar&batch_size=dd", "batch_size"),
+        ("PUT", "/models/mnist?min_worker=nan", "min_worker"),
+        ("PUT", "/models/mnist?min_worker=-1", "min_worker cannot be negative"),
+        ("POST", "/models?url=mnist.mar&startup_timeout=0", "startup_timeout"),
+        ("POST", "/models?url=", "url is required"),
+    ],
+)
+def test_junk_management_parameters_answer_400(
+    server: LanternServer, method: str, query: str, message: str
+) -> None:
+    """Deliberate differences (TorchServe: 200/202/404/500), listed in the migration doc."""
+    response = httpx.request(method, f"{server.management}{query}", timeout=60)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["message"]
+    assert len(server.describe("mnist")[0]["workers"]) == 1  # nothing changed
