@@ -223,6 +223,9 @@ class SequenceTable:
         _arm_deadline(job)
         seq.jobs.append(job)
         self._stop_idle_clock(seq)
+        # However the job ends (answered, or expired while queued), an idle sequence starts its
+        # idle clock then: a sequence whose jobs all expired must not stay open forever.
+        job.future.add_done_callback(lambda _: self._maybe_idle(seq_id))
 
     def views(self) -> list[SequenceView]:
         return [
@@ -243,10 +246,13 @@ class SequenceTable:
     def finished(self, seq_id: str) -> None:
         """A sequence's running request was answered (or failed)."""
         seq = self._open.get(seq_id)
-        if seq is None:
-            return
-        seq.running = False
-        if seq.live_jobs() == 0:
+        if seq is not None:
+            seq.running = False
+            self._maybe_idle(seq_id)
+
+    def _maybe_idle(self, seq_id: str) -> None:
+        seq = self._open.get(seq_id)
+        if seq is not None and not seq.running and seq.live_jobs() == 0:
             self._start_idle_clock(seq)
 
     def fail_all(self, error: ServeError) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.errors import BadRequest, TooManyRequests, WorkerDied
+from serve.errors import BadRequest, GatewayTimeout, TooManyRequests, WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.sequences import (
     SEQUENCE_ID_HEADER,
@@ -268,6 +268,21 @@ async def test_an_idle_sequence_closes_after_sequence_max_idle() -> None:
     await d.submit(item("r1", 1, "seq"))
     assert "seq" in d.table
     await until(lambda: "seq" not in d.table, seconds=2.0)  # a 20 ms timer; 2 s: does not hang
+
+
+@in_loop
+async def test_a_sequence_whose_requests_all_expired_closes_too() -> None:
+    w = FakeWorker("w0", summing({}))
+    w.gate = asyncio.Event()
+    d = make([w], sequenceMaxIdleMSec=20, maxNumSequence=0, maxSequenceJobQueueSize=2)
+    first = d.submit(item("r0", 1, "other"))  # holds the only worker
+    await until(lambda: w.batches)
+    late = d.submit(item("r1", 1, "seq"), timeout=0.01)  # expires in the queue
+    with pytest.raises(GatewayTimeout):
+        await late
+    await until(lambda: "seq" not in d.table)  # closed by its idle clock, never having run
+    w.gate.set()
+    await first
 
 
 @in_loop
