@@ -206,6 +206,24 @@ async def test_pipelined_requests_of_a_sequence_run_in_order_on_one_worker() -> 
 
 
 @in_loop
+async def test_a_sequence_waits_for_its_busy_worker_rather_than_move() -> None:
+    state: dict[str, int] = {}
+    w0, w1 = FakeWorker("w0", summing(state)), FakeWorker("w1", summing(state))
+    d = make([w0, w1])
+    assert (await d.submit(item("a1", 1, "a"))).body == b"1"  # a -> w0
+    assert (await d.submit(item("b1", 1, "b"))).body == b"1"  # b -> w1 (fewest sequences)
+    assert (await d.submit(item("c1", 1, "c"))).body == b"1"  # c -> w0 (a tie: the first)
+    w0.gate = asyncio.Event()
+    c2 = d.submit(item("c2", 1, "c"))
+    await until(lambda: ["c2"] in w0.batches)  # w0 is busy with c; w1 is free
+    a2 = d.submit(item("a2", 1, "a"))
+    w0.gate.set()
+    assert (await a2).body == b"2"  # ran on w0, where a's state is
+    assert (await c2).body == b"2"
+    assert all("a2" not in batch for batch in w1.batches)
+
+
+@in_loop
 async def test_requests_without_an_id_get_a_fresh_one_each_and_it_is_returned() -> None:
     state: dict[str, int] = {}
     d = make([FakeWorker("w0", summing(state))])
