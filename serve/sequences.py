@@ -227,6 +227,19 @@ class SequenceTable:
         # idle clock then: a sequence whose jobs all expired must not stay open forever.
         job.future.add_done_callback(lambda _: self._maybe_idle(seq_id))
 
+    def put(self, job: Job, *, front: bool = False) -> None:
+        """Put back a job that was taken but never sent (its worker went away first)."""
+        seq_id = job.item.headers[SEQUENCE_ID_HEADER]
+        seq = self._open.get(seq_id)
+        if seq is None:
+            seq = self._open[seq_id] = _Sequence(seq_id, time.monotonic())
+        _arm_deadline(job)
+        if front:
+            seq.jobs.appendleft(job)
+        else:
+            seq.jobs.append(job)
+        self._stop_idle_clock(seq)
+
     def views(self) -> list[SequenceView]:
         return [
             SequenceView(seq.seq_id, seq.worker, not seq.running and seq.live_jobs() > 0)
@@ -348,6 +361,10 @@ class SequenceDispatcher(Dispatcher):
 
     def _dispatch(self) -> None:
         self._dispatch_pending = False
+        if not self.source.can_serve():
+            # No worker runs or will: what waits in sequences would only wait for its deadline.
+            self.fail_queued(self.no_workers())
+            return
         workers = self.source.workers()
         free = {w.worker_id: w for w in workers if w.state == WorkerState.READY}
         live = [w.worker_id for w in workers if w.state in LIVE_STATES]

@@ -304,6 +304,22 @@ async def test_a_sequence_whose_requests_all_expired_closes_too() -> None:
 
 
 @in_loop
+async def test_a_job_put_back_goes_first_in_its_sequence() -> None:
+    w = FakeWorker("w0", summing({}))
+    w.gate = asyncio.Event()
+    d = make([w], maxSequenceJobQueueSize=3)
+    first = d.submit(item("r1", 1, "seq"))
+    await until(lambda: w.batches)
+    second = d.submit(item("r2", 2, "seq"))
+    [job] = [j for j in d.table._open["seq"].jobs]
+    d.table._open["seq"].jobs.clear()
+    d.table.put(job, front=True)  # what the dispatcher does with a batch it could not send
+    assert d.queue.live_count() == 1
+    w.gate.set()
+    assert ((await first).body, (await second).body) == (b"1", b"3")
+
+
+@in_loop
 async def test_drain_answers_what_waits_in_sequences() -> None:
     w = FakeWorker("w0", summing({}))
     w.gate = asyncio.Event()
