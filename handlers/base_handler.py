@@ -98,7 +98,7 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
             return self._load_torch_export_model(model_pt_path)
         if model_pt_path and model_pt_path.endswith(".pt"):
             try:
-                return self._load_torchscript_model(model_pt_path)
+                model = self._load_torchscript_model(model_pt_path)
             except Exception as exc:
                 if not model_file:
                     raise HandlerLoadError(
@@ -108,8 +108,15 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
                 logger.info(
                     "%s is not TorchScript; loading it as an eager state dict", model_pt_path
                 )
+            else:
+                if hasattr(model, "eval"):
+                    model.eval()  # as TorchServe, after any _load_torchscript_model
+                return model
         if model_file:
-            return self._load_pickled_model(model_dir, model_file, model_pt_path)
+            # Whatever loader ran (a handler may override this one), the model ends up on the
+            # device in eval mode, as TorchServe's BaseHandler.initialize does.
+            model = self._load_pickled_model(model_dir, model_file, model_pt_path)
+            return _placed_for_inference(model, self.device)
         if model_pt_path is None:
             raise HandlerLoadError("the manifest names neither a serializedFile nor a modelFile")
         raise HandlerLoadError(
@@ -224,6 +231,16 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
 
     def get_device(self) -> torch.device | None:
         return self.device
+
+
+def _placed_for_inference(model: Any, device: torch.device | None) -> Any:
+    """``model.to(device)`` and ``model.eval()`` where the model has them (an ``nn.Module``)."""
+    if device is not None and callable(getattr(model, "to", None)):
+        moved = model.to(device)
+        model = moved if moved is not None else model
+    if callable(getattr(model, "eval", None)):
+        model.eval()
+    return model
 
 
 def _is_true(value: Any) -> bool:

@@ -12,13 +12,18 @@ Differences from TorchServe, all additive:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from handlers.metrics import MetricsStore
 
-# The request property TorchServe's frontend uses to carry a sequence (stateful session) id.
-SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+# The request properties TorchServe's frontend uses for a sequence (stateful session): its id, a
+# flag on the first request of a sequence the server named, and the end a handler may declare.
+# Workers read TorchServe's environment overrides (TS_REQUEST_SEQUENCE_ID, ...), as ts.context does.
+SEQUENCE_ID_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
+SEQUENCE_START_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
+SEQUENCE_END_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
 
 
 class RequestProcessor:
@@ -103,6 +108,10 @@ class Context:
         self.intermediate_sink: Callable[[dict], None] | None = None
         # TorchServe handlers occasionally poke at the worker socket; there is none to reach here.
         self.cl_socket = None
+        self.stopping_criteria: list | None = None
+        self.header_key_sequence_id = SEQUENCE_ID_HEADER
+        self.header_key_sequence_start = SEQUENCE_START_HEADER
+        self.header_key_sequence_end = SEQUENCE_END_HEADER
 
     @property
     def system_properties(self) -> dict:
@@ -158,7 +167,7 @@ class Context:
 
     def get_sequence_id(self, idx: int) -> str | None:
         """Sequence (session) id of batch row ``idx`` for stateful models, or None."""
-        return self._processor(idx).get_request_property(SEQUENCE_ID_HEADER)
+        return self._processor(idx).get_request_property(self.header_key_sequence_id)
 
     def set_response_header(self, idx: int, key: str, value: str) -> None:
         self._processor(idx).add_response_property(key, value)
@@ -170,7 +179,11 @@ class Context:
         self.set_response_header(idx, "content-type", value)
 
     def get_response_content_type(self, idx: int) -> str | None:
-        return self.get_response_headers(idx).get("content-type")
+        """The Content-Type set for row ``idx`` (TorchServe's handlers write "Content-Type")."""
+        for name, value in self.get_response_headers(idx).items():
+            if isinstance(name, str) and name.lower() == "content-type":
+                return value
+        return None
 
     def get_response_status(self, idx: int) -> tuple[int, str | None]:
         processor = self._processor(idx)

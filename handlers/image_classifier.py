@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torchvision import transforms
 
 from handlers.context import Context
+from handlers.images import ToRGB
 from handlers.labels import map_class_to_label
 from handlers.timer import timed
 from handlers.vision_handler import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
@@ -24,6 +25,7 @@ class ImageClassifier(VisionHandler):
     topk = 5
     image_processing = transforms.Compose(
         [
+            ToRGB(),
             transforms.Resize(256),
             transforms.CenterCrop(224),
             transforms.ToTensor(),

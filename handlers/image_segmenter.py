@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torchvision import transforms
 
+from handlers.images import ToRGB
 from handlers.timer import timed
 from handlers.vision_handler import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
 
@@ -21,6 +22,7 @@ class ImageSegmenter(VisionHandler):
 
     image_processing = transforms.Compose(
         [
+            ToRGB(),
             transforms.Resize(256),
             transforms.CenterCrop(224),
             transforms.ToTensor(),

@@ -63,6 +63,18 @@ class MetricsCacheTypeError(TypeError):
     """A metric argument has the wrong type."""
 
 
+class MetricsCacheIOError(OSError):
+    """A ``metrics.yaml`` cannot be read."""
+
+
+class MetricsCachePyYamlError(ValueError):
+    """A ``metrics.yaml`` is not valid YAML."""
+
+
+class GeneralMetricsCacheError(Exception):
+    """Any other problem with a ``metrics.yaml``."""
+
+
 class Dimension:
     """One metric dimension (label), as ``ts.metrics.dimension.Dimension``."""
 
@@ -314,6 +326,22 @@ class MetricsStore:
         self.cache.setdefault(mtype, {})[metric_name] = metric
         return metric
 
+    def declare(self, model_metrics: Mapping[str, Any] | None) -> None:
+        """Declare the ``model_metrics`` section of a ``metrics.yaml`` (``{type: [{name, unit,
+        dimensions}]}``), so that ``get_metric`` finds them before their first update."""
+        for type_name, specs in (model_metrics or {}).items():
+            try:
+                mtype = MetricTypes(str(type_name).lower())
+            except ValueError:
+                raise MetricsCacheKeyError(f"Invalid metric type: {type_name!r}") from None
+            for spec in specs or []:
+                try:
+                    name, unit = spec["name"], spec["unit"]
+                    dimension_names = spec.get("dimensions") or []
+                except (KeyError, TypeError, AttributeError) as exc:
+                    raise MetricsCacheKeyError(f"Key not found in cache spec: {exc}") from None
+                self.add_metric_to_cache(name, str(unit), list(dimension_names), mtype)
+
     def cache_keys(self) -> list[str]:
         """``"<type>:<name>"`` for every declared metric."""
         return [f"{t.value}:{name}" for t, metrics in self.cache.items() for name in metrics]
@@ -354,3 +382,92 @@ class MetricsStore:
             if len(self._pending) == self._pending.maxlen:
                 logger.warning("[METRICS] buffer full; dropping the oldest record")
             self._pending.append(record)
+
+
+def read_metrics_yaml(path: str) -> dict[str, Any]:
+    """A ``metrics.yaml`` as a dict (``yaml.safe_load``), with TorchServe's error types."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            parsed = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise MetricsCachePyYamlError(f"Error parsing file {path}: {exc}") from exc
+    except OSError as exc:
+        raise MetricsCacheIOError(f"Error reading file {path}: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise GeneralMetricsCacheError(f"{path} does not hold a mapping of metric sections")
+    return parsed
+
+
+class MetricsCacheYamlImpl(MetricsStore):
+    """``ts.metrics.metric_cache_yaml_impl``: a store whose ``initialize_cache`` declares the
+    ``model_metrics`` of a ``metrics.yaml``."""
+
+    def __init__(self, config_file_path: str) -> None:
+        super().__init__()
+        if not config_file_path:
+            raise MetricsCacheTypeError("Config file not initialized")
+        self.config_file_path = config_file_path
+        self._parsed_file = read_metrics_yaml(config_file_path)
+
+    def initialize_cache(self) -> None:
+        section = self._parsed_file.get("model_metrics")
+        if not section:
+            raise MetricsCacheValueError("Missing `model_metrics` specification")
+        self.declare(section)
+
+
+class LegacyMetric:
+    """``ts.metrics.metric.Metric``: one named value with fixed dimensions (a counter)."""
+
+    def __init__(
+        self,
+        name: str,
+        value: float,
+        unit: str,
+        dimensions: list,
+        request_id: str | None = None,
+        metric_method: str | None = None,
+        store: MetricsStore | None = None,
+    ) -> None:
+        self.metric_type = MetricTypes.COUNTER
+        self.dimensions = normalize_dimensions(dimensions)
+        self.dimension_names = [d.name for d in self.dimensions]
+        self.dimension_values = [d.value for d in self.dimensions]
+        self._caching_metric = CachingMetric(name, unit, self.dimension_names, store=store)
+        self.name = name
+        self.unit = self._caching_metric.unit
+        self.metric_method = metric_method
+        self.value = value
+        self.request_id = request_id
+
+    def update(self, value: float) -> None:
+        self.value = value
+        self._caching_metric.add_or_update(value, self.dimension_values, self.request_id)
+
+    def reset(self) -> None:
+        self.update(0)
+
+    def __str__(self) -> str:
+        import socket
+        import time
+
+        dims = ",".join(str(d) for d in self.dimensions)
+        text = f"{self.name}.{self.unit}:{self.value}|#{dims}|#hostname:{socket.gethostname()},"
+        text += f"{int(time.time())}"
+        return f"{text},{self.request_id}" if self.request_id else text
+
+    def to_dict(self) -> dict[str, Any]:
+        import socket
+        import time
+
+        return {
+            "MetricName": self.name,
+            "Value": self.value,
+            "Unit": self.unit,
+            "Dimensions": self.dimensions,
+            "Timestamp": int(time.time()),
+            "HostName": socket.gethostname(),
+            "RequestId": self.request_id,
+        }

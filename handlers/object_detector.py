@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torchvision import transforms
 
+from handlers.images import ToRGB
 from handlers.labels import map_class_to_label
 from handlers.runtimes import OnnxModel
 from handlers.timer import timed
@@ -21,7 +22,7 @@ from handlers.vision_handler import VisionHandler
 class ObjectDetector(VisionHandler):
     """Takes images, returns the labelled boxes found in each."""
 
-    image_processing = transforms.Compose([transforms.ToTensor()])
+    image_processing = transforms.Compose([ToRGB(), transforms.ToTensor()])
     threshold = 0.5
 
     @timed

@@ -1,9 +1,10 @@
 """``VisionHandler``: base for image handlers (``ts.torch_handler.vision_handler``).
 
 Rows may hold image bytes, a base64 string, or an already-decoded list of floats (used as the
-tensor directly). Deviations from TorchServe: images are converted to RGB, undecodable input is a
-400 (``PredictionException``) rather than a 503, and explanations use Lantern's own Integrated
-Gradients instead of captum.
+tensor directly). Images keep their own mode ("L", "RGBA", ...) as in TorchServe; the built-in
+ImageNet handlers convert to RGB in their own ``image_processing`` (``handlers.images.ToRGB``).
+Deviations from TorchServe: undecodable input is a 400 (``PredictionException``) rather than a
+503, and explanations use Lantern's own Integrated Gradients instead of captum.
 """
 
 from __future__ import annotations

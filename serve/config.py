@@ -79,6 +79,12 @@ class Config:
     max_request_elements: int = 1 << 20  # tensor elements per OIP request (413 past it)
     log_max_bytes: int = 100 * 1024 * 1024  # each log file rotates at this size (TorchServe's)
     log_backup_count: int = 5  # rotated files kept per log (TorchServe's DefaultRolloverStrategy)
+    # Handler metrics as TorchServe declares them (serve/metrics_config.py).
+    metrics_mode: str = "prometheus"  # prometheus | log | legacy (TorchServe's default: log)
+    metrics_config: str | None = None  # a TorchServe metrics.yaml
+    model_metrics_auto_detect: bool | None = None  # None: on without metrics_config, else off
+    # Install each archive's requirements.txt into its own folder (serve/model_deps.py).
+    install_py_dep_per_model: bool = False
 
     @classmethod
     def load(
@@ -128,6 +134,8 @@ class Config:
         for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
+        if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
+            raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -243,12 +251,8 @@ _TS_IGNORED = {
     "io_ratio",
     "initial_worker_port",
     "initial_distribution_port",
-    "metrics_mode",
-    "metrics_config",
-    "model_metrics_auto_detect",
     "disable_system_metrics",
     "enable_envvars_config",
-    "install_py_dep_per_model",
     "workflow_store",
     "models",
     "model_snapshot",

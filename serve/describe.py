@@ -34,11 +34,12 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
         "continuousBatching": False,
         "useJobTicket": False,
         "useVenv": False,
-        "stateful": False,
-        "sequenceMaxIdleMSec": 0,
-        "sequenceTimeoutMSec": 0,
-        "maxNumSequence": 1,
-        "maxSequenceJobQueueSize": 1,
+        # Sequence batching (serve.sequences); all 0 for a model without, as in TorchServe.
+        "stateful": model.sequences.enabled,
+        "sequenceMaxIdleMSec": model.sequences.sequence_max_idle_msec,
+        "sequenceTimeoutMSec": model.sequences.sequence_timeout_msec,
+        "maxNumSequence": model.sequences.max_num_sequence,
+        "maxSequenceJobQueueSize": model.sequences.max_sequence_job_queue_size,
         "loadedAtStartup": model.loaded_at_startup,
         "workers": workers,
         "jobQueueStatus": {

@@ -222,9 +222,13 @@ class Dispatcher:
                     )
                 job.fail(result)
             else:
-                job.resolve(result)
+                self._resolve(job, result)
         if self._on_outcome is not None:
             self._on_outcome(jobs, outcome)
+
+    def _resolve(self, job: Job, result: ItemResult) -> None:
+        """Answer one job with its worker's result (a subclass may add to the result first)."""
+        job.resolve(result)
 
     def _retry_or_fail(self, jobs: list[Job], dead: Worker) -> None:
         """Jobs on a worker that died get one more try on another live worker, then an error.

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from serve.batching import JobQueue
 from serve.config import Config, ModelSettings
 from serve.devices import visible_gpus
-from serve.dispatcher import Dispatcher
 from serve.errors import ShuttingDown
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
 from serve.pool import WorkerInfo, WorkerPool, WorkerSlot
+from serve.sequences import SequenceSettings, make_dispatcher
 from serve.threads import ThreadBudget, ThreadDemand
 from serve.worker.process import WorkerProcess, WorkerStartFailed
 from serve.worker.spares import SparePool, worker_base_env
@@ -41,6 +41,7 @@ class ModelSource:
     handler: str | None  # an override of the manifest's handler
     runtime: str = "python"
     cleanup_dir: Path | None = None  # the folder we extracted into; None for a folder in place
+    dependency_path: Path | None = None  # install_py_dep_per_model: first on the workers' path
 
 
 class ModelVersion:
@@ -78,8 +79,17 @@ class ModelVersion:
             on_restart=self._count_restart,
             on_recycle=self._count_recycle,
         )
-        self.dispatcher = Dispatcher(
-            name, version, self.pool, lambda: self.settings, on_outcome=self._observe
+        # sequenceBatching (stateful models) in the archive's model-config.yaml.
+        self.sequences = SequenceSettings.from_config(
+            source.model_config, settings.batch_size, self.max_workers
+        )
+        self.dispatcher = make_dispatcher(
+            name,
+            version,
+            self.pool,
+            lambda: self.settings,
+            self.sequences,
+            on_outcome=self._observe,
         )
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
@@ -232,6 +242,10 @@ class ModelVersion:
             "limit_max_image_pixels": self.config.limit_max_image_pixels,
             "decode_input_request": self.config.decode_input_request,
             "log_level": self.config.log_level,
+            "metrics_config": self.config.metrics_config,  # its model_metrics are declared
+            "dependency_path": (
+                str(self.source.dependency_path) if self.source.dependency_path else None
+            ),
         }
 
     def threads_per_worker(self) -> int:

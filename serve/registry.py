@@ -28,7 +28,9 @@ from serve.errors import (
     ServeError,
 )
 from serve.model import ModelSource, ModelVersion
+from serve.model_deps import install_requirements, requirements_file
 from serve.redact import client_message
+from serve.sequences import check_supported_settings
 from serve.sources import ModelLocation, ModelSources
 from serve.threads import ThreadBudget
 from serve.worker.spares import SparePool, worker_base_env
@@ -156,6 +158,13 @@ class Registry:
             # The full reason names the store's paths: it goes to the log, the client gets less.
             logger.warning("Refused model archive %s: %s", url, exc)
             raise BadRequest(f"Invalid model archive {url}: {client_message(str(exc))}") from exc
+        try:
+            check_supported_settings({**archive.model_config, **(settings or {})})
+            dependency_path = await self._install_dependencies(name, archive, dest)
+        except ServeError:
+            shutil.rmtree(dest, ignore_errors=True)
+            _forget_download(location)
+            raise
         source = ModelSource(
             url=model_url or url,
             model_dir=archive.model_dir,
@@ -163,7 +172,10 @@ class Registry:
             model_config=archive.model_config,
             handler=handler,
             runtime=runtime or archive.manifest.get("runtime", "python"),
-            cleanup_dir=dest if archive.model_dir.is_relative_to(dest) else None,
+            cleanup_dir=(
+                dest if archive.model_dir.is_relative_to(dest) or dependency_path else None
+            ),
+            dependency_path=dependency_path,
         )
         model_settings = (
             self.config.default_model_settings().merged(archive.model_config).merged(settings or {})
@@ -204,6 +216,15 @@ class Registry:
             raise
         self.changed()
         return model
+
+    async def _install_dependencies(self, name: str, archive: Any, dest: Path) -> Path | None:
+        """``install_py_dep_per_model``: the archive's requirements in a folder of its own."""
+        if not self.config.install_py_dep_per_model:
+            return None
+        requirements = requirements_file(archive.model_dir, archive.manifest)
+        if requirements is None:
+            return None
+        return await install_requirements(name, archive.model_dir, requirements, dest / "_deps")
 
     def default_workers(self) -> int:
         if self.config.default_workers_per_model > 0:

@@ -26,6 +26,7 @@ from serve.draining import Draining
 from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
+from serve.metrics_config import load_policy
 from serve.registry import Registry
 from serve.server_choice import resolve_http_server
 
@@ -45,6 +46,7 @@ class Server:
         self.work_dir = Path(config.work_dir or tempfile.mkdtemp(prefix="lantern-"))
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.metrics = ServerMetrics()
+        self.metrics.handler.policy = load_policy(config)  # metrics_config, auto-detect, mode
         self.registry = Registry(config, self.work_dir, self.metrics)
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)

@@ -158,7 +158,8 @@ def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
             ServeError(f"The model's response exceeds max_response_size of {max_size} bytes."), rid
         )
     headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
-    media_type = result.content_type or "application/octet-stream"
+    # Raw bytes with no type from the handler go without a Content-Type, as in TorchServe.
+    media_type = result.content_type
     return Response(result.body, status_code=result.status, headers=headers, media_type=media_type)
 
 
@@ -179,7 +180,7 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
             yield item.body
 
     headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
-    media_type = first.content_type or "application/octet-stream"
+    media_type = first.content_type  # none for raw bytes, as in TorchServe
     return StreamingResponse(
         chunks(), status_code=first.status, headers=headers, media_type=media_type
     )

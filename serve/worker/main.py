@@ -89,11 +89,16 @@ def load(spec: dict[str, Any]) -> tuple[Any, Any]:
     """Build the context and load the handler named by the spec (or its manifest)."""
     from handlers.compat import install_ts_alias
     from handlers.context import Context
-    from handlers.metrics import MetricsStore
+    from handlers.metrics import MetricsStore, read_metrics_yaml
     from handlers.service import load_service
 
-    install_ts_alias()
+    if spec.get("dependency_path"):  # install_py_dep_per_model: the model's own packages first
+        sys.path.insert(0, spec["dependency_path"])
+    install_ts_alias()  # after it: the ts shim stays first even if a dependency brought TorchServe
     manifest = spec["manifest"]
+    metrics = MetricsStore(model_name=spec["model_name"])
+    if spec.get("metrics_config"):  # TorchServe's metrics.yaml: declare its model_metrics
+        metrics.declare(read_metrics_yaml(spec["metrics_config"]).get("model_metrics"))
     context = Context(
         spec["model_name"],
         spec["model_dir"],
@@ -102,7 +107,7 @@ def load(spec: dict[str, Any]) -> tuple[Any, Any]:
         spec.get("gpu_id"),
         spec.get("server_version", "0.1.0"),
         limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
-        metrics=MetricsStore(model_name=spec["model_name"]),
+        metrics=metrics,
         model_yaml_config=spec.get("model_yaml_config") or {},
         num_threads=spec.get("num_threads"),
     )

@@ -61,7 +61,7 @@ def test_handler_counters_add_up_and_gauges_keep_the_last_value() -> None:
         ({"ModelName": "m", "Hostname": "host"}, 5.0),
     ]
     assert samples(families, "Temp") == [({"ModelName": "m", "Hostname": "host"}, 7.5)]
-    assert families["Hist"].type == "gauge"  # type: ignore[attr-defined]
+    assert families["Hist"].type == "histogram"  # type: ignore[attr-defined]
 
 
 def test_handler_metric_names_and_labels_are_sanitised() -> None:

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
-from handlers.metrics import MetricsCacheKeyError, MetricsCacheTypeError, MetricsCacheValueError
+from handlers.metrics import (
+    GeneralMetricsCacheError,
+    MetricsCacheIOError,
+    MetricsCacheKeyError,
+    MetricsCachePyYamlError,
+    MetricsCacheTypeError,
+    MetricsCacheValueError,
+)
 
-__all__ = ["MetricsCacheKeyError", "MetricsCacheTypeError", "MetricsCacheValueError"]
+__all__ = [
+    "GeneralMetricsCacheError",
+    "MetricsCacheIOError",
+    "MetricsCacheKeyError",
+    "MetricsCachePyYamlError",
+    "MetricsCacheTypeError",
+    "MetricsCacheValueError",
+]

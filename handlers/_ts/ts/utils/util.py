@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from handlers.labels import load_label_mapping, map_class_to_label
 from handlers.modules import list_classes_from_module
 
 __all__ = [
+    "CLEANUP_REGEX",
     "PT2Backend",
     "PredictionException",
     "check_valid_pt2_backend",
@@ -27,6 +29,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# HTML tags and entities, as TorchServe's text handlers strip them.
+CLEANUP_REGEX = re.compile("<.*?>|&([a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
 
 
 class PT2Backend(str, enum.Enum):

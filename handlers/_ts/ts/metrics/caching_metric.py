@@ -1,0 +1,7 @@
+"""``ts.metrics.caching_metric``."""
+
+from __future__ import annotations
+
+from handlers.metrics import CachingMetric
+
+__all__ = ["CachingMetric"]

@@ -1,0 +1,1 @@
+"""``ts.torch_handler.request_envelope``."""
