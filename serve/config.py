@@ -70,6 +70,14 @@ class Config:
     worker_restart_max_backoff: float = 30.0
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+    # Model updates (docs/model-updates.md): a watched store, version policies, admission.
+    watch_model_store: bool = False
+    watch_interval: float = 2.0  # seconds between scans of the model store
+    version_policy: str = "latest: 1"  # latest: N | specific: [versions] | all
+    model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name
+    memory_admission: bool = True  # refuse (507) workers the host has no memory for
+    memory_reserve_mb: int = 256  # memory kept free on the host
+    worker_memory_limit_mb: int = 0  # the most all workers together may use; 0: no limit
 
     @classmethod
     def load(
@@ -117,6 +125,10 @@ class Config:
         for key in ("job_queue_size", "batch_size", "max_request_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
+        if self.watch_model_store and not self.model_store:
+            raise ConfigError("Config 'watch_model_store' needs a model_store to watch")
+        if self.watch_interval <= 0:
+            raise ConfigError("Config 'watch_interval' must be more than 0 seconds")
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -147,6 +159,7 @@ _MODEL_KEYS = {
     "num_threads": "numThreads",
     "cpu_affinity": "cpuAffinity",
     "max_retry_timeout_in_sec": "maxRetryTimeoutInSec",
+    "memory_per_worker_mb": "memoryPerWorkerMB",
 }
 
 
@@ -167,6 +180,7 @@ class ModelSettings:
     num_threads: int | None = None  # torch / ONNX Runtime intra-op threads per worker
     cpu_affinity: bool | None = None
     max_retry_timeout_in_sec: float = 300.0
+    memory_per_worker_mb: int | None = None  # admission's figure for one worker (overrides RSS)
 
     def merged(self, values: Mapping[str, Any]) -> ModelSettings:
         """These settings with ``values`` (attribute or camelCase names) laid over them."""

@@ -61,6 +61,7 @@ def _describe_worker(slot: WorkerSlot) -> dict[str, Any]:
         "pid": pid or -1,
         "gpu": slot.gpu_id is not None,
         "gpuUsage": "N/A",
+        "warmupSeconds": (proc.warmup or {}).get("seconds", 0.0) if proc is not None else 0.0,
     }
 
 
@@ -74,3 +75,15 @@ def _worker_status(slot: WorkerSlot) -> str:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def failed_versions(failures: dict[str, Any]) -> dict[str, Any]:
+    """Versions of a model that failed to load, warm up or be admitted (Lantern's addition)."""
+    if not failures:
+        return {}
+    return {
+        "failedVersions": [
+            {"version": f.version, "error": f.message, "time": _iso(f.at)}
+            for f in failures.values()
+        ]
+    }

@@ -25,6 +25,8 @@ from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
 from serve.registry import Registry
+from serve.update_metrics import UpdateCollector
+from serve.watcher import StoreWatcher
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class Server:
         self.metrics = ServerMetrics()
         self.registry = Registry(config, self.work_dir, self.metrics)
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
+        self.metrics.registry.register(UpdateCollector(self.registry))
+        self.watcher: StoreWatcher | None = None
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.addresses: dict[str, str] = {}
 
@@ -96,6 +100,7 @@ class Server:
         )
         loader = asyncio.create_task(self._load_startup_models())
         drainer = asyncio.create_task(self._drain_on_stop())
+        watching = asyncio.create_task(self._watch_store(loader))
         try:
             await run_servers(
                 bindings, self.config.http_server, self.stop_event, self.config.drain_timeout
@@ -105,6 +110,7 @@ class Server:
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
+            await self._stop_watching(watching)
             await drainer
             await self.registry.stop()
             for sock in sockets.values():
@@ -123,6 +129,34 @@ class Server:
         if not self.stop_event.is_set():
             logger.info("Stopping: no new requests; finishing those in flight")
         self.stop_event.set()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    async def _watch_store(self, loader: asyncio.Task[None]) -> None:
+        """With ``watch_model_store``: keep the served versions in line with the store
+        (serve/watcher.py), from when the startup models are loaded until the server stops."""
+        if not self.config.watch_model_store or not self.config.model_store:
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(loader)
+        if self.stop_event.is_set():
+            return
+        self.watcher = StoreWatcher(
+            self.registry, Path(self.config.model_store), self.config.watch_interval
+        )
+        await self.watcher.run()
+
+    async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(watching), 1.0)
+        except asyncio.TimeoutError:  # a load in progress: the registry stops its workers
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+        except asyncio.CancelledError:
+            pass
 
     async def _drain_on_stop(self) -> None:
         await self.stop_event.wait()

@@ -214,7 +214,17 @@ def main(argv: list[str]) -> int:
         meta = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
         conn.send(Frame(MsgType.LOAD_FAILED, 0, meta))
         return 1
-    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid()}))
+    # Warm-up runs through the real handler before we report loaded: no request ever meets a
+    # cold worker, whether it was started by a register, a scale-up, a restart or a swap.
+    from serve.worker.warmup import WarmupFailed, run_warmup
+
+    try:
+        warmup = run_warmup(service, context, spec, run_batch)
+    except WarmupFailed as exc:
+        logger.error("Warm-up failed: %s", exc)
+        conn.send(Frame(MsgType.LOAD_FAILED, 0, {"type": "WarmupFailed", "message": str(exc)}))
+        return 1
+    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid(), "warmup": warmup}))
     decode = spec.get("decode_input_request", True)
     while True:
         frame = conn.receive()

@@ -90,6 +90,7 @@ class WorkerProcess:
         self._tasks: list[asyncio.Task[Any]] = []
         self._exited = asyncio.Event()
         self.exit_code: int | None = None
+        self.warmup: dict[str, Any] = {}
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
@@ -134,6 +135,7 @@ class WorkerProcess:
             )
             if loaded.type == MsgType.LOAD_FAILED:
                 raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
+            self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.state = WorkerState.READY
         except BaseException:
