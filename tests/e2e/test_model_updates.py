@@ -99,6 +99,7 @@ def server(root: Path) -> Iterator[LanternServer]:
     config = root / "config.yaml"
     config.write_text(
         f"watch_interval: {INTERVAL}\nversion_policy: 'latest: 1'\nworker_memory_limit_mb: 2000\n"
+        "model_version_policies: {flat: all}\n"
     )
     srv = LanternServer(
         root, store, args=["--watch", "--enable-model-api", "--config", str(config)]
@@ -233,6 +234,11 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
         switched = first_of(load.answers, "2")
         # ...and version 1 drains and stops (latest: 1 serves one version).
         wait_until("version 1 unloaded", lambda: status(api, "/models/upd/1") == 404)
+        # Every route that names the version reaches it.
+        infer = httpx.post(f"{server.inference}/predictions/upd/2", json={"x": 1}, timeout=60)
+        assert infer.json()["version"] == "2"
+        assert httpx.get(f"{server.inference}/v2/models/upd/versions/2/ready").status_code == 200
+        assert httpx.get(f"{server.inference}/v2/models/upd/versions/1/ready").status_code == 404
         load.count(100)
         after_switch = [a for a in load.answers if a.sent > switched.received]
         assert after_switch and all(a.version == "2" for a in after_switch)
@@ -381,4 +387,35 @@ def test_admission_refuses_what_does_not_fit(server: LanternServer, root: Path) 
     assert api.get("/models/big").status_code == 404
     assert metric(server, "serve_model_load_failures_total", 'model="big"') == 1.0
     api.delete("/models/adm")
+    api.close()
+
+
+def test_flat_layout_with_a_per_model_policy(server: LanternServer, root: Path) -> None:
+    """TorchServe's flat store: names and versions from the manifests; ``flat`` is configured
+    with ``all``, so each file's version is served and the default is the highest."""
+    store = server.model_store
+    api = httpx.Client(base_url=server.management, timeout=60)
+    tmp = store / ".flat-1.mar.tmp"  # written under a hidden name, then renamed into place
+    shutil.copy(build_version(root / "build", "flat", "1.0"), tmp)
+    tmp.rename(store / "flat-1.mar")
+    wait_until("flat 1.0 registered", lambda: status(api, "/models/flat/1.0") == 200)
+    shutil.copy(build_version(root / "build", "flat", "2.0"), store / "flat-2.mar")
+
+    def versions() -> tuple[str, list[str]]:
+        described = api.get("/models/flat/all").json()
+        default = api.get("/models/flat").json()[0]["modelVersion"]
+        return default, sorted(d["modelVersion"] for d in described)
+
+    wait_until("flat 2.0 the default", lambda: versions() == ("2.0", ["1.0", "2.0"]))
+    infer = httpx.Client(base_url=server.inference, timeout=60)
+    assert infer.post("/predictions/flat/1.0", json={"x": 1}).json()["version"] == "1.0"
+    assert infer.post("/predictions/flat", json={"x": 1}).json()["version"] == "2.0"
+
+    (store / "flat-1.mar").unlink()  # its files gone: 1.0 drains and unloads, 2.0 stays
+    wait_until("flat 1.0 unloaded", lambda: status(api, "/models/flat/1.0") == 404)
+    assert versions() == ("2.0", ["2.0"])
+    (store / "flat-2.mar").unlink()  # the last files gone: the model goes
+    wait_until("flat unregistered", lambda: status(api, "/models/flat") == 404)
+    assert infer.post("/predictions/flat", json={"x": 1}).status_code == 404
+    infer.close()
     api.close()
