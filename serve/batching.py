@@ -13,60 +13,9 @@ import asyncio
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from serve.errors import GatewayTimeout, ServeError, TooManyRequests
-from serve.worker.process import BatchItem, ItemResult
-
-
-@dataclass(slots=True)
-class Job:
-    """One request on its way through the queue to a worker and back."""
-
-    item: BatchItem
-    future: asyncio.Future[ItemResult]
-    arrived: float
-    deadline: float
-    retries: int = 0
-    dispatched_at: float = 0.0
-    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
-    stream: asyncio.Queue[ItemResult | ServeError | None] | None = field(default=None, repr=False)
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()
-
-    def push_chunk(self, chunk: ItemResult) -> None:
-        """An intermediate chunk from a streaming handler.
-
-        The first one answers the request at once, as a result whose ``stream`` yields the later
-        chunks and then the final result (or error).
-        """
-        if self.stream is not None:
-            self.stream.put_nowait(chunk)
-        elif not self.future.done():  # not answered yet (by a timeout, say)
-            self.stream = asyncio.Queue()
-            self.future.set_result(
-                ItemResult(chunk.status, chunk.body, chunk.content_type, stream=self.stream)
-            )
-
-    def resolve(self, result: ItemResult) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.stream is not None:
-            self.stream.put_nowait(result)
-            self.stream.put_nowait(None)
-        elif not self.future.done():
-            self.future.set_result(result)
-
-    def fail(self, error: ServeError) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.stream is not None:
-            self.stream.put_nowait(error)
-            self.stream.put_nowait(None)
-        elif not self.future.done():
-            self.future.set_exception(error)
+from serve.jobs import Job
 
 
 class JobQueue:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from serve.model import ModelVersion, WorkerSlot
+from serve.jobs import WorkerState
+from serve.model import ModelVersion
+from serve.pool import WorkerInfo
 from serve.system_metrics import process_rss
-from serve.worker.process import WorkerState
 
 
 def describe_model(model: ModelVersion) -> dict[str, Any]:
     """TorchServe 0.12's describe object (``customizedMetadata`` is added by the caller)."""
     s = model.settings
-    workers = [_describe_worker(slot) for slot in model.slots]
+    workers = [_describe_worker(info) for info in model.workers()]
     data: dict[str, Any] = {
         "modelName": model.name,
         "modelVersion": model.version,
@@ -41,8 +42,8 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
         "loadedAtStartup": model.loaded_at_startup,
         "workers": workers,
         "jobQueueStatus": {
-            "remainingCapacity": model.queue.capacity - len(model.queue),
-            "pendingRequests": model.queue.live_count(),
+            "remainingCapacity": model.remaining_capacity(),
+            "pendingRequests": model.pending_requests(),
         },
     }
     if s.device_ids:
@@ -50,27 +51,26 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
     return data
 
 
-def _describe_worker(slot: WorkerSlot) -> dict[str, Any]:
-    proc = slot.process
-    pid = proc.pid if proc is not None else None
+def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
+    pid = info.pid
     return {
-        "id": slot.worker_id,
-        "startTime": _iso(proc.started_at if proc is not None else time.time()),
-        "status": _worker_status(slot),
+        "id": info.worker_id,
+        "startTime": _iso(info.started_at if info.started_at is not None else time.time()),
+        "status": _worker_status(info),
         "memoryUsage": process_rss(pid) or 0,
         "pid": pid or -1,
-        "gpu": slot.gpu_id is not None,
+        "gpu": info.gpu_id is not None,
         "gpuUsage": "N/A",
         "warmupSeconds": (proc.warmup or {}).get("seconds", 0.0) if proc is not None else 0.0,
     }
 
 
-def _worker_status(slot: WorkerSlot) -> str:
-    if slot.retiring or slot.state == WorkerState.STOPPING:
+def _worker_status(info: WorkerInfo) -> str:
+    if info.retiring or info.state == WorkerState.STOPPING:
         return "UNLOADING"  # a retiring worker finishing its last batch is on its way out
-    if slot.state in (WorkerState.READY, WorkerState.BUSY):
+    if info.state in (WorkerState.READY, WorkerState.BUSY):
         return "READY"
-    return slot.state.value
+    return info.state.value
 
 
 def _iso(ts: float) -> str:

@@ -34,13 +34,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from serve.handler_metrics import HandlerMetrics
+from serve.jobs import WorkerState
 from serve.system_metrics import SystemMetrics, process_rss
-from serve.worker.process import WorkerState
 
 if TYPE_CHECKING:
-    from serve.batching import Job
+    from serve.jobs import BatchOutcome, Job
     from serve.registry import Registry
-    from serve.worker.process import BatchOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -332,17 +331,16 @@ class _RegistryCollector:
         )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
-            depth.add_metric(key, mv.queue.live_count())
+            depth.add_metric(key, mv.pending_requests())
             in_flight.add_metric(key, mv.in_flight)
             counts = dict.fromkeys(_WORKER_STATES, 0)
-            for slot in list(mv.slots):
-                state = slot.state
+            for info in mv.workers():
+                state = info.state
                 counts[state.value] = counts.get(state.value, 0) + 1
-                proc = slot.process
-                if proc is not None and state is not WorkerState.DEAD:
-                    value = process_rss(proc.pid)
+                if info.pid is not None and state is not WorkerState.DEAD:
+                    value = process_rss(info.pid)
                     if value is not None:
-                        rss.add_metric([*key, slot.worker_id], value)
+                        rss.add_metric([*key, info.worker_id], value)
             for state_name, count in counts.items():
                 workers.add_metric([*key, state_name], count)
         yield from (depth, in_flight, workers, rss)

@@ -24,8 +24,8 @@ from serve.apps.common import (
 )
 from serve.errors import ServeError
 from serve.inputs import read_params, request_timeout
+from serve.jobs import BatchItem, ItemResult
 from serve.openapi import inference_description
-from serve.worker.process import BatchItem, ItemResult
 
 logger = logging.getLogger(__name__)
 

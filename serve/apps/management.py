@@ -227,7 +227,7 @@ async def _customized(model: ModelVersion) -> str:
 
     Like TorchServe, a model with no worker answers 503 and a failing handler its error.
     """
-    from serve.worker.process import BatchItem
+    from serve.jobs import BatchItem
 
     item = BatchItem(str(uuid.uuid4()), {"describe": "True"}, [("body", None, b"")])
     result = await model.submit(item)

@@ -39,6 +39,7 @@ from serve.errors import (
     WorkerError,
 )
 from serve.inputs import request_timeout
+from serve.jobs import BatchItem, ItemResult
 from serve.model import ModelVersion
 from serve.protocols import (
     KSERVE_V1,
@@ -51,7 +52,6 @@ from serve.protocols import (
     oip,
 )
 from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
-from serve.worker.process import BatchItem, ItemResult, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -191,10 +191,10 @@ def _model_state(model: ModelVersion) -> tuple[str, str]:
     """TF Serving's state for a version, and an error message when it has none."""
     if model.ready_workers() > 0:
         return "AVAILABLE", ""
-    slots = [s for s in model.slots if not s.retiring]
-    if slots and all(s.state == WorkerState.DEAD for s in slots):
-        return "UNAVAILABLE", next((s.last_error for s in slots if s.last_error), "") or ""
-    return ("LOADING" if slots else "UNAVAILABLE"), ""
+    error = model.load_error()
+    if error is not None:
+        return "UNAVAILABLE", error
+    return ("LOADING" if any(not w.retiring for w in model.workers()) else "UNAVAILABLE"), ""
 
 
 class _Protocols:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import os
@@ -12,55 +11,28 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from serve.errors import ServeError, WorkerDied
+from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode
+
+__all__ = [  # the job types live in serve.jobs; these names stay importable from here
+    "BatchItem",
+    "BatchOutcome",
+    "ItemResult",
+    "WorkerProcess",
+    "WorkerStartFailed",
+    "WorkerState",
+]
 
 logger = logging.getLogger(__name__)
 model_logger = logging.getLogger("serve.worker")
 
 
-class WorkerState(enum.Enum):
-    STARTING = "STARTING"
-    READY = "READY"
-    BUSY = "BUSY"
-    STOPPING = "STOPPING"
-    DEAD = "DEAD"
-
-
 class WorkerStartFailed(ServeError):
     error_type = "WorkerStartFailed"
-
-
-@dataclass(slots=True)
-class BatchItem:
-    """What the worker needs of one request."""
-
-    request_id: str
-    headers: dict[str, str]
-    params: list[tuple[str, str | None, bytes]]
-
-
-@dataclass(slots=True)
-class ItemResult:
-    status: int
-    body: bytes
-    content_type: str | None
-    headers: dict[str, str] = field(default_factory=dict)
-    # For a streaming handler: the later chunks, then the final result or error, then None.
-    stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
-
-
-@dataclass(slots=True)
-class BatchOutcome:
-    """One result or error per item, with the worker's timings and custom metrics."""
-
-    results: list[ItemResult | ServeError]
-    timings: dict[str, float]
-    metrics: list[dict[str, Any]]
 
 
 class WorkerProcess:
