@@ -61,7 +61,7 @@ def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
         "pid": pid or -1,
         "gpu": info.gpu_id is not None,
         "gpuUsage": "N/A",
-        "warmupSeconds": (proc.warmup or {}).get("seconds", 0.0) if proc is not None else 0.0,
+        "warmupSeconds": info.warmup_seconds or 0.0,
     }
 
 

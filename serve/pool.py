@@ -84,6 +84,7 @@ class WorkerInfo:
     gpu_id: int | None
     restarts: int
     last_error: str | None
+    warmup_seconds: float | None = None  # what its warm-up took (serve/worker/warmup.py)
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -261,4 +262,5 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         gpu_id=slot.gpu_id,
         restarts=slot.restarts,
         last_error=slot.last_error,
+        warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
     )

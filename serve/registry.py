@@ -31,6 +31,7 @@ from serve.errors import (
     NoHealthyWorkers,
     ServeError,
 )
+from serve.jobs import WorkerState
 from serve.model import ModelSource, ModelVersion
 from serve.sources import ModelLocation, ModelSources
 from serve.system_metrics import process_rss
@@ -417,12 +418,12 @@ class Registry:
 
 def worker_pids(model: ModelVersion) -> list[int]:
     """Process ids of a version's live workers."""
-    return [s.process.pid for s in model.slots if s.process is not None and s.process.pid]
+    return [w.pid for w in model.workers() if w.pid and w.state != WorkerState.DEAD]
 
 
 def active_workers(model: ModelVersion) -> int:
     """Workers the version runs or is starting (not those retiring)."""
-    return sum(1 for s in model.slots if not s.retiring)
+    return sum(1 for w in model.workers() if not w.retiring)
 
 
 def _settings_dict(settings: ModelSettings) -> dict[str, Any]:

@@ -48,9 +48,7 @@ class UpdateCollector:
             labels=[*model, "worker"],
         )
         for mv in self.serving.all_versions():
-            for slot in list(mv.slots):
-                proc = slot.process
-                seconds = (proc.warmup or {}).get("seconds") if proc is not None else None
-                if isinstance(seconds, (int, float)):
-                    warmup.add_metric([mv.name, mv.version, slot.worker_id], seconds)
+            for info in mv.workers():
+                if info.warmup_seconds is not None:
+                    warmup.add_metric([mv.name, mv.version, info.worker_id], info.warmup_seconds)
         yield from (failures, load, swaps, warmup)
