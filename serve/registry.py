@@ -189,6 +189,10 @@ class Registry:
             workers = model_settings.min_workers
         if workers is None:
             workers = fallback_workers if fallback_workers is not None else self.default_workers()
+        entry = self.models.get(name)
+        if entry is not None and version in entry.versions:  # before admission: 409, not 507
+            _cleanup(source)
+            raise Conflict(f"Model version {version} is already registered for model {name}")
         started = time.monotonic()
         # One worker first when nothing is known of the model's size: its RSS, measured once it
         # is loaded, then decides the others (with `synchronous` only: else the estimate does).
@@ -307,7 +311,24 @@ class Registry:
             self.changed()  # the new count stands even when some workers failed to start
         return model
 
-    async def set_default(self, name: str, version: str) -> ModelVersion:
+    def set_default(self, name: str, version: str) -> ModelVersion:
+        """Route unversioned requests to ``version`` from now on (the next request sees it).
+
+        This does not wait: `swap_default` is the seamless swap the management API and the
+        store watcher use.
+        """
+        model = self.get(name, version)
+        entry = self.models[name]
+        if entry.default_version != model.version:
+            logger.info(
+                "Model %s: default version %s -> %s", name, entry.default_version, model.version
+            )
+            entry.default_version = model.version
+            self.swaps[name] = self.swaps.get(name, 0) + 1
+        self.changed()
+        return model
+
+    async def swap_default(self, name: str, version: str) -> ModelVersion:
         """Route unversioned requests to ``version`` once its workers are loaded and warm.
 
         The swap: requests resolve their version when they are queued, so those already queued
@@ -323,16 +344,9 @@ class Registry:
                     f'Model "{name}" version {model.version} has no ready worker to take traffic.'
                 )
         entry = self.models.get(name)
-        if entry is None or entry.versions.get(model.version) is not model:
+        if entry is None or entry.versions.get(model.version) is not model:  # gone meanwhile
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
-        if entry.default_version != model.version:
-            logger.info(
-                "Model %s: default version %s -> %s", name, entry.default_version, model.version
-            )
-            entry.default_version = model.version
-            self.swaps[name] = self.swaps.get(name, 0) + 1
-        self.changed()
-        return model
+        return self.set_default(name, model.version)
 
     async def unregister(self, name: str, version: str | None = None) -> ModelVersion:
         """Remove a version: new requests get 404, queued and running ones finish first."""

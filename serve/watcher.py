@@ -16,7 +16,7 @@ scan too.
 Change notifications come from ``watchfiles`` where the filesystem gives them (a scan runs at
 once); a scan also runs every ``watch_interval`` regardless, the polling fallback that network
 filesystems and Kubernetes volumes need. What to serve is `serve.version_policy.plan_versions`;
-every step goes through the registry (register, `Registry.set_default`, unregister), the same
+every step goes through the registry (register, `Registry.swap_default`, unregister), the same
 swap the management API uses.
 """
 
@@ -185,6 +185,7 @@ class StoreWatcher:
         self.owned: dict[str, dict[str, Candidate]] = {}
         # name -> version -> fingerprint that failed: retried only when the files change
         self.failed: dict[str, dict[str, Fingerprint]] = {}
+        self._warned: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self.scans = 0
@@ -231,21 +232,28 @@ class StoreWatcher:
         by_name: dict[str, dict[str, Candidate]] = {}
         for cand in complete:
             by_name.setdefault(cand.name, {})
-            if cand.version in by_name[cand.name]:
-                logger.warning(
-                    "Model %s version %s is in the store twice (%s, %s); using the first",
-                    cand.name,
-                    cand.version,
-                    by_name[cand.name][cand.version].url,
-                    cand.url,
-                )
+            first = by_name[cand.name].get(cand.version)
+            if first is not None:
+                if (cand.url, first.url) not in self._warned:
+                    self._warned.add((cand.url, first.url))
+                    logger.warning(
+                        "Model %s version %s is in the store twice (%s, %s); using %s",
+                        cand.name,
+                        cand.version,
+                        first.url,
+                        cand.url,
+                        first.url,
+                    )
                 continue
             by_name[cand.name][cand.version] = cand
         # A served version whose files are still there but changing (rewritten in place) stays
-        # until they settle: only files that are gone unload a version.
+        # until they settle: only files that are gone, or now hold another version, unload it.
+        settled_paths = {c.path for c in complete}
         for name, versions in self.owned.items():
             for version, cand in versions.items():
-                if version not in by_name.get(name, {}) and cand.path.exists():
+                if version in by_name.get(name, {}) or cand.path in settled_paths:
+                    continue
+                if cand.path.exists():
                     by_name.setdefault(name, {})[version] = cand
         for name in sorted(set(by_name) | set(self.owned)):
             try:
@@ -308,7 +316,7 @@ class StoreWatcher:
                 await self._load(available[version])
             if plan.default is not None:
                 try:
-                    await self.registry.set_default(name, plan.default)
+                    await self.registry.swap_default(name, plan.default)
                 except ServeError as exc:
                     self._fail(available.get(plan.default), exc.message)
             for version in plan.unload:

@@ -151,7 +151,7 @@ def create_management_app(state: ServerState) -> Starlette:
 
     async def set_default(request: Request) -> Response:
         name = request.path_params["model"]
-        model = await registry.set_default(name, request.path_params["version"])
+        model = await registry.swap_default(name, request.path_params["version"])
         return _status(
             f'Default version successfully updated for model "{name}" to "{model.version}"'
         )
