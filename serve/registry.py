@@ -362,6 +362,7 @@ class Registry:
             if not entry.versions:
                 del self.models[name]
             self._archives.pop((name, model.version), None)
+            self.load_seconds.pop((name, model.version), None)
         await model.drain(self.config.unregister_model_timeout)
         await model.stop()
         _cleanup(model.source)

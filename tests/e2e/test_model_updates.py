@@ -234,6 +234,7 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
         switched = first_of(load.answers, "2")
         # ...and version 1 drains and stops (latest: 1 serves one version).
         wait_until("version 1 unloaded", lambda: status(api, "/models/upd/1") == 404)
+        load_seconds = metric(server, "serve_model_load_seconds", 'version="2"')
         # Every route that names the version reaches it.
         infer = httpx.post(f"{server.inference}/predictions/upd/2", json={"x": 1}, timeout=60)
         assert infer.json()["version"] == "2"
@@ -274,7 +275,6 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
     assert not [a for a in answers if a.version == "3"], "the broken version answered"
 
     # The switch came within the watch interval(s) plus the time version 2 took to load.
-    load_seconds = metric(server, "serve_model_load_seconds", 'version="2"')
     assert load_seconds is not None and load_seconds >= BATCH * COLD  # warm-up ran every size
     assert switched.received - copied < 3 * INTERVAL + load_seconds + 10.0
 
