@@ -8,7 +8,8 @@ Two layouts, side by side in one store:
   archive; the folder names are the model's name and version.
 
 Completeness rule: a file or folder is taken only once its fingerprint (the number, sizes and
-modification times of its files) is the same at two scans in a row, one ``watch_interval`` apart.
+modification times of its files) has stayed the same for at least one ``watch_interval``, across
+two or more scans (`Stability`).
 Names starting with ``.`` or ending in ``.tmp``, ``.part``, ``.partial``, ``.crdownload`` or ``~``
 are never taken, so a writer that renames a finished file into place is taken at the next stable
 scan too.
@@ -27,6 +28,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,15 +159,26 @@ def fingerprint(path: Path) -> Fingerprint:
 
 
 class Stability:
-    """The completeness rule: a candidate counts once two scans in a row see the same files."""
+    """The completeness rule: a candidate counts once scans have seen the same files for at
+    least ``min_age`` seconds (two scans in a row, one interval apart; an early scan woken by a
+    change notification does not shorten that)."""
 
-    def __init__(self) -> None:
-        self._last: dict[tuple[str, str, Path], Fingerprint] = {}
+    def __init__(self, min_age: float) -> None:
+        self.min_age = min_age
+        self._since: dict[tuple[str, str, Path], tuple[Fingerprint, float]] = {}
 
-    def complete(self, candidates: Iterable[Candidate]) -> list[Candidate]:
-        seen = {(c.name, c.version, c.path): c for c in candidates}
-        stable = [c for key, c in seen.items() if self._last.get(key) == c.fingerprint]
-        self._last = {key: c.fingerprint for key, c in seen.items()}
+    def complete(self, candidates: Iterable[Candidate], now: float) -> list[Candidate]:
+        since: dict[tuple[str, str, Path], tuple[Fingerprint, float]] = {}
+        stable = []
+        for cand in candidates:
+            key = (cand.name, cand.version, cand.path)
+            print_, first_seen = self._since.get(key, (None, now))
+            if print_ != cand.fingerprint:
+                first_seen = now  # new, or changed since the last scan: the clock restarts
+            since[key] = (cand.fingerprint, first_seen)
+            if print_ == cand.fingerprint and now - first_seen >= self.min_age:
+                stable.append(cand)
+        self._since = since
         return stable
 
 
@@ -179,7 +192,7 @@ class StoreWatcher:
         self.registry = registry
         self.store = store.resolve()
         self.interval = max(interval, 0.05)
-        self.stability = Stability()
+        self.stability = Stability(self.interval * 0.9)  # timers may wake a little early
         self._manifests: dict[Path, tuple[Fingerprint, str, str]] = {}
         # name -> version -> the candidate it was loaded from (only versions the watcher owns)
         self.owned: dict[str, dict[str, Candidate]] = {}
@@ -188,8 +201,6 @@ class StoreWatcher:
         self._warned: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self.scans = 0
-        self.scanned = asyncio.Condition()
 
     async def run(self) -> None:
         """Scan, reconcile, wait for a change or the interval; until `stop`."""
@@ -228,7 +239,7 @@ class StoreWatcher:
 
     async def scan_once(self) -> None:
         candidates = await asyncio.to_thread(scan_store, self.store, self._manifests)
-        complete = self.stability.complete(candidates)
+        complete = self.stability.complete(candidates, time.monotonic())
         by_name: dict[str, dict[str, Candidate]] = {}
         for cand in complete:
             by_name.setdefault(cand.name, {})
@@ -260,9 +271,6 @@ class StoreWatcher:
                 await self.reconcile(name, by_name.get(name, {}))
             except Exception:
                 logger.exception("Updating model %s from the store failed", name)
-        async with self.scanned:
-            self.scans += 1
-            self.scanned.notify_all()
 
     def policy(self, name: str) -> VersionPolicy:
         """The server config's policy for ``name``, else the newest loaded version's

@@ -78,21 +78,39 @@ def test_truncated_archive_is_not_a_candidate(tmp_path: Path, built: dict[str, P
     assert _seen(scan_store(store, {})) == {("echo", "1.0", "echo.mar")}
 
 
-def test_complete_only_after_two_equal_scans(tmp_path: Path, built: dict[str, Path]) -> None:
+def test_complete_only_once_unchanged_for_an_interval(
+    tmp_path: Path, built: dict[str, Path]
+) -> None:
     store = tmp_path / "store"
     (store / "m" / "1").mkdir(parents=True)
     target = store / "m" / "1" / "m.mar"
     data = built["v1"].read_bytes()
     target.write_bytes(data[:100])
-    stability = Stability()
-    assert stability.complete(scan_store(store, {})) == []  # first sight
+    stability = Stability(min_age=2.0)
+    assert stability.complete(scan_store(store, {}), now=0.0) == []  # first sight
     target.write_bytes(data)  # still growing
-    assert stability.complete(scan_store(store, {})) == []
-    done = stability.complete(scan_store(store, {}))  # unchanged since the last scan
+    assert stability.complete(scan_store(store, {}), now=2.0) == []
+    # Unchanged, but only for 1 s: an early scan (a change notification) is not enough.
+    assert stability.complete(scan_store(store, {}), now=3.0) == []
+    done = stability.complete(scan_store(store, {}), now=4.0)  # unchanged for 2 s
     assert [(c.name, c.version) for c in done] == [("m", "1")]
-    os.utime(target, ns=(1, 1))  # touched again: not complete until it settles
-    assert stability.complete(scan_store(store, {})) == []
-    assert len(stability.complete(scan_store(store, {}))) == 1
+    os.utime(target, ns=(1, 1))  # touched again: not complete until it settles again
+    assert stability.complete(scan_store(store, {}), now=5.0) == []
+    assert stability.complete(scan_store(store, {}), now=6.0) == []
+    assert len(stability.complete(scan_store(store, {}), now=7.0)) == 1
+
+
+def test_a_vanished_candidate_starts_over(tmp_path: Path, built: dict[str, Path]) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(built["v1"], store / "echo.mar")
+    stability = Stability(min_age=1.0)
+    stability.complete(scan_store(store, {}), now=0.0)
+    (store / "echo.mar").rename(store / ".echo.mar.part")  # gone for one scan
+    assert stability.complete(scan_store(store, {}), now=1.0) == []
+    (store / ".echo.mar.part").rename(store / "echo.mar")
+    assert stability.complete(scan_store(store, {}), now=2.0) == []
+    assert len(stability.complete(scan_store(store, {}), now=3.0)) == 1
 
 
 def test_fingerprint_covers_every_file_of_a_folder(tmp_path: Path) -> None:
