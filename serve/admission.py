@@ -70,8 +70,49 @@ def decide(what: str, workers: int, need: Need, headroom: Headroom, reserve: int
         f"{_size(total)} ({_size(need.per_worker)} each, {need.source}), and "
         f"{_size(max(free, 0))} is free ({_size(headroom.available)} by {headroom.bound}, less a "
         f"reserve of {_size(reserve)}). Free memory, start fewer workers, or adjust "
-        "memory_reserve_mb, worker_memory_limit_mb or the model's memoryPerWorkerMB.",
+        "memory_reserve_mb, worker_memory_limit_mb or the model's memoryPerWorkerMB "
+        "(gpuMemoryPerWorkerMB on a GPU).",
     )
+
+
+def gpu_placements(workers: int, device_ids: list[int]) -> dict[int, int]:
+    """New workers per GPU, conservatively: each device may get ``ceil(workers / devices)``
+    (the pool assigns them round-robin from wherever its last worker went)."""
+    if workers <= 0 or not device_ids:
+        return {}
+    per_device = -(-workers // len(device_ids))
+    return {device: min(per_device, workers) for device in sorted(set(device_ids))}
+
+
+def decide_gpus(
+    what: str,
+    placements: dict[int, int],
+    need: Need,
+    free_by_device: dict[int, int],
+    reserve: int,
+) -> Decision:
+    """`decide` on each GPU that gets new workers; a device with no sample is not checked."""
+    for device, count in sorted(placements.items()):
+        free = free_by_device.get(device)
+        if free is None:
+            continue
+        bound = f"free memory of GPU {device} (nvidia-smi)"
+        decision = decide(f"{what} on GPU {device}", count, need, Headroom(free, bound), reserve)
+        if not decision.admitted:
+            return decision
+    return Decision(True)
+
+
+def visible_free(free_by_index: dict[int, int], cuda_visible: str | None) -> dict[int, int]:
+    """nvidia-smi's per-GPU free bytes (physical indices) by the ids workers use (indices into
+    ``CUDA_VISIBLE_DEVICES`` when it is set). Devices named by UUID are not matched: unchecked."""
+    if cuda_visible is None:
+        return dict(free_by_index)
+    out = {}
+    for visible, physical in enumerate(p.strip() for p in cuda_visible.split(",") if p.strip()):
+        if physical.isdigit() and int(physical) in free_by_index:
+            out[visible] = free_by_index[int(physical)]
+    return out
 
 
 def host_headroom(

@@ -77,6 +77,7 @@ class Config:
     model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name
     memory_admission: bool = True  # refuse (507) workers the host has no memory for
     memory_reserve_mb: int = 256  # memory kept free on the host
+    gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU
     worker_memory_limit_mb: int = 0  # the most all workers together may use; 0: no limit
 
     @classmethod
@@ -160,6 +161,7 @@ _MODEL_KEYS = {
     "cpu_affinity": "cpuAffinity",
     "max_retry_timeout_in_sec": "maxRetryTimeoutInSec",
     "memory_per_worker_mb": "memoryPerWorkerMB",
+    "gpu_memory_per_worker_mb": "gpuMemoryPerWorkerMB",
 }
 
 
@@ -181,6 +183,7 @@ class ModelSettings:
     cpu_affinity: bool | None = None
     max_retry_timeout_in_sec: float = 300.0
     memory_per_worker_mb: int | None = None  # admission's figure for one worker (overrides RSS)
+    gpu_memory_per_worker_mb: int | None = None  # the same on its GPU (overrides the measure)
 
     def merged(self, values: Mapping[str, Any]) -> ModelSettings:
         """These settings with ``values`` (attribute or camelCase names) laid over them."""

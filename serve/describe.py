@@ -62,6 +62,7 @@ def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
         "gpu": info.gpu_id is not None,
         "gpuUsage": "N/A",
         "warmupSeconds": info.warmup_seconds or 0.0,
+        "gpuMemoryUsage": info.gpu_memory or 0,
     }
 
 

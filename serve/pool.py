@@ -85,6 +85,7 @@ class WorkerInfo:
     restarts: int
     last_error: str | None
     warmup_seconds: float | None = None  # what its warm-up took (serve/worker/warmup.py)
+    gpu_memory: int | None = None  # bytes torch holds on its GPU once loaded and warm
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -263,4 +264,5 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         restarts=slot.restarts,
         last_error=slot.last_error,
         warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
+        gpu_memory=getattr(proc, "gpu_memory", None),
     )

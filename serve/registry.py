@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import shutil
 import time
@@ -201,7 +202,7 @@ class Registry:
             need = await self._need(name, model_settings, archive.model_dir)
             if need.source == "estimated" and synchronous and workers > 1:
                 first = 1
-            self._admit(name, version, first, need)
+            await self._admit(name, version, first, need, model_settings)
         except InsufficientMemory as exc:
             _cleanup(source)
             self.record_failure(name, version, exc.message)
@@ -231,7 +232,8 @@ class Registry:
         try:
             if first < workers:
                 await model.scale(first, model_settings.max_workers, wait=True)
-                self._admit(name, version, workers - first, self._measured(name, model_settings))
+                more = self._measured(name, model_settings)
+                await self._admit(name, version, workers - first, more, model_settings)
             await model.scale(workers, model_settings.max_workers, wait=synchronous)
         except ServeError as exc:
             await self._remove(model)
@@ -260,10 +262,65 @@ class Registry:
             rss += [r for r in map(process_rss, worker_pids(mv)) if r]
         return admission.per_worker_need(settings.memory_per_worker_mb, rss, 0)
 
-    def _admit(self, name: str, version: str, workers: int, need: admission.Need) -> None:
-        """Raise `InsufficientMemory` (507) unless ``workers`` more workers fit."""
+    async def _admit(
+        self,
+        name: str,
+        version: str,
+        workers: int,
+        need: admission.Need,
+        settings: ModelSettings,
+    ) -> None:
+        """Raise `InsufficientMemory` (507) unless ``workers`` more workers fit, in host memory
+        and, for a GPU model whose GPU use is known, on its GPUs."""
         if not self.config.memory_admission or workers <= 0:
             return
+        self._admit_host(name, version, workers, need)
+        await self._admit_gpus(name, version, workers, settings)
+
+    async def _admit_gpus(
+        self, name: str, version: str, workers: int, settings: ModelSettings
+    ) -> None:
+        devices = self._devices(settings)
+        need = self._gpu_need(name, settings)
+        if not devices or need is None or self.metrics is None:
+            return  # a CPU model, or nothing known of its GPU use yet: not checked
+        free = {}
+        for sample in await self.metrics.system.gpu_samples():
+            total, used = sample.memory_total, sample.memory_used
+            if sample.index.isdigit() and total is not None and used is not None:
+                free[int(sample.index)] = int(total - used)
+        visible = admission.visible_free(free, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        decision = admission.decide_gpus(
+            f'model "{name}" version {version}',
+            admission.gpu_placements(workers, devices),
+            need,
+            visible,
+            self.config.gpu_memory_reserve_mb * admission.MIB,
+        )
+        if not decision.admitted:
+            logger.error("Admission refused: %s", decision.message)
+            raise InsufficientMemory(decision.message)
+
+    def _devices(self, settings: ModelSettings) -> list[int]:
+        """The GPUs a model's workers go to (as `ModelVersion` assigns them)."""
+        if (settings.device_type or "").lower() == "cpu":
+            return []
+        return list(settings.device_ids or range(visible_gpus(self.config.number_of_gpu)))
+
+    def _gpu_need(self, name: str, settings: ModelSettings) -> admission.Need | None:
+        """The configured GPU figure, or the most any running worker of ``name`` holds."""
+        if settings.gpu_memory_per_worker_mb:
+            return admission.Need(settings.gpu_memory_per_worker_mb * admission.MIB, "configured")
+        entry = self.models.get(name)
+        held = [
+            w.gpu_memory
+            for mv in (entry.versions.values() if entry else ())
+            for w in mv.workers()
+            if w.gpu_memory
+        ]
+        return admission.Need(max(held), "measured") if held else None
+
+    def _admit_host(self, name: str, version: str, workers: int, need: admission.Need) -> None:
         used = sum(process_rss(pid) or 0 for mv in self.all_versions() for pid in worker_pids(mv))
         headroom = admission.host_headroom(used, self.config.worker_memory_limit_mb)
         reserve = self.config.memory_reserve_mb * admission.MIB
@@ -304,7 +361,8 @@ class Registry:
         model = self.get(name, version)
         added = min_worker - active_workers(model)
         if added > 0:
-            self._admit(model.name, model.version, added, self._measured(name, model.settings))
+            measured = self._measured(name, model.settings)
+            await self._admit(model.name, model.version, added, measured, model.settings)
         try:
             await model.scale(min_worker, max_worker, wait=synchronous)
         finally:

@@ -76,6 +76,22 @@ def _cap_threads(spec: dict[str, Any]) -> None:
         torch.set_num_threads(int(threads))
 
 
+def _gpu_memory(spec: dict[str, Any]) -> int | None:
+    """Bytes torch holds on this worker's GPU after load and warm-up (memory admission's
+    measure); None when the handler did not use CUDA through torch."""
+    gpu_id = spec.get("gpu_id")
+    if gpu_id is None or "torch" not in sys.modules:
+        return None
+    import torch
+
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.memory_reserved(int(gpu_id)))
+    except Exception:  # a broken CUDA setup must not fail a loaded worker
+        return None
+
+
 def load(spec: dict[str, Any]) -> tuple[Any, Any]:
     """Build the context and load the handler named by the spec (or its manifest)."""
     from handlers.compat import install_ts_alias
@@ -224,7 +240,8 @@ def main(argv: list[str]) -> int:
         logger.error("Warm-up failed: %s", exc)
         conn.send(Frame(MsgType.LOAD_FAILED, 0, {"type": "WarmupFailed", "message": str(exc)}))
         return 1
-    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid(), "warmup": warmup}))
+    loaded = {"pid": os.getpid(), "warmup": warmup, "gpu_memory": _gpu_memory(spec)}
+    conn.send(Frame(MsgType.LOADED, 0, loaded))
     decode = spec.get("decode_input_request", True)
     while True:
         frame = conn.receive()

@@ -63,6 +63,7 @@ class WorkerProcess:
         self._exited = asyncio.Event()
         self.exit_code: int | None = None
         self.warmup: dict[str, Any] = {}
+        self.gpu_memory = None
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
@@ -108,6 +109,7 @@ class WorkerProcess:
             if loaded.type == MsgType.LOAD_FAILED:
                 raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
             self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
+            self.gpu_memory: int | None = loaded.meta.get("gpu_memory")  # bytes torch holds
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.state = WorkerState.READY
         except BaseException:

@@ -364,6 +364,7 @@ def test_admission_refuses_what_does_not_fit(server: LanternServer, root: Path) 
     )
     (worker,) = api.get("/models/adm").json()[0]["workers"]
     assert worker["memoryUsage"] > 10 << 20  # RSS from /proc, in bytes
+    assert worker["gpuMemoryUsage"] == 0  # a CPU worker holds nothing on a GPU
 
     # Scaling past the limit: refused on the measured RSS of the running worker.
     response = api.put("/models/adm", params={"min_worker": 500, "synchronous": "true"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,18 @@ from serve.admission import (
     Headroom,
     Need,
     decide,
+    decide_gpus,
+    gpu_placements,
     host_headroom,
     per_worker_need,
     tree_size,
+    visible_free,
 )
+from serve.config import Config, ModelSettings
+from serve.errors import InsufficientMemory
+from serve.metrics import ServerMetrics
+from serve.registry import Registry
+from serve.system_metrics import GpuSample, SystemMetrics
 
 
 @pytest.mark.parametrize(
@@ -81,3 +90,77 @@ def test_tree_size(tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(b"x" * 10)
     (tmp_path / "d" / "b").write_bytes(b"x" * 5)
     assert tree_size(tmp_path) == 15
+
+
+@pytest.mark.parametrize(
+    ("workers", "devices", "placements"),
+    [
+        (0, [0, 1], {}),
+        (3, [], {}),
+        (1, [0, 1], {0: 1, 1: 1}),  # either device may get it: both are checked
+        (3, [0, 1], {0: 2, 1: 2}),
+        (4, [2], {2: 4}),
+    ],
+)
+def test_gpu_placements(workers: int, devices: list[int], placements: dict[int, int]) -> None:
+    assert gpu_placements(workers, devices) == placements
+
+
+def test_decide_gpus_checks_each_device() -> None:
+    need = Need(4000 * MIB, "measured")
+    free = {0: 20_000 * MIB, 1: 5000 * MIB}
+    assert decide_gpus("m", {0: 2}, need, free, 0).admitted
+    refused = decide_gpus("m", {0: 2, 1: 2}, need, free, 512 * MIB)
+    assert not refused.admitted
+    assert "m on GPU 1" in refused.message and "GPU 1 (nvidia-smi)" in refused.message
+    assert decide_gpus("m", {3: 9}, need, free, 0).admitted  # no sample for GPU 3: unchecked
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, {0: 10, 1: 20, 2: 30}),
+        ("2,0", {0: 30, 1: 10}),
+        ("1", {0: 20}),
+        ("GPU-abc", {}),  # UUIDs are not matched: unchecked
+        ("", {}),
+    ],
+)
+def test_visible_free(visible: str | None, expected: dict[int, int]) -> None:
+    assert visible_free({0: 10, 1: 20, 2: 30}, visible) == expected
+
+
+class _Gpus(SystemMetrics):
+    """nvidia-smi's answer, without nvidia-smi."""
+
+    def __init__(self, samples: list[GpuSample]) -> None:
+        super().__init__(find_nvidia_smi=False)
+        self.samples = samples
+
+    async def gpu_samples(self) -> list[GpuSample]:
+        return self.samples
+
+
+@pytest.mark.parametrize(
+    ("workers", "admitted"),
+    [(1, True), (2, False)],  # 2 x 4000 MiB + 512 MiB reserve > 6000 MiB free on GPU 0
+)
+def test_registry_checks_the_gpus_a_model_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, admitted: bool
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [GpuSample("0", "GPU-a", 2000.0 * MIB, 8000.0 * MIB, 0.0)]
+    registry = Registry(Config(), tmp_path, ServerMetrics(system=_Gpus(gpus)))
+    settings = ModelSettings(device_ids=[0], gpu_memory_per_worker_mb=4000)
+    need = Need(1 * MIB, "configured")  # host memory is not what this is about
+
+    async def admit() -> None:
+        await registry._admit("m", "1", workers, need, settings)
+
+    if admitted:
+        asyncio.run(admit())
+    else:
+        with pytest.raises(InsufficientMemory, match="on GPU 0"):
+            asyncio.run(admit())
+    cpu = ModelSettings(device_type="cpu", gpu_memory_per_worker_mb=4000)
+    asyncio.run(registry._admit("m", "1", 99, need, cpu))  # a CPU model: GPUs not checked
