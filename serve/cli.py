@@ -89,6 +89,12 @@ def main() -> None:
     default=None,
     help="Level of the server and model logs (default INFO).",
 )
+@click.option(
+    "--watch",
+    is_flag=True,
+    default=None,
+    help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help="Where the running server's pid and ports are kept.")
 @click.option(
@@ -133,6 +139,7 @@ def _load_config(options: dict[str, Any]) -> Config:
         "log_level": options["log_level"],
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
+        "watch_model_store": options["watch"],
     }
     if options["models"]:
         overrides["load_models"] = list(options["models"])

@@ -85,6 +85,15 @@ class Config:
     model_metrics_auto_detect: bool | None = None  # None: on without metrics_config, else off
     # Install each archive's requirements.txt into its own folder (serve/model_deps.py).
     install_py_dep_per_model: bool = False
+    # Model updates (docs/model-updates.md): a watched store, version policies, admission.
+    watch_model_store: bool = False
+    watch_interval: float = 2.0  # seconds between scans of the model store
+    version_policy: str = "latest: 1"  # latest: N | specific: [versions] | all
+    model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name
+    memory_admission: bool = True  # refuse (507) workers the host has no memory for
+    memory_reserve_mb: int = 256  # memory kept free on the host
+    gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU
+    worker_memory_limit_mb: int = 0  # the most all workers together may use; 0: no limit
 
     @classmethod
     def load(
@@ -136,6 +145,10 @@ class Config:
                 raise ConfigError(f"Config '{key}' must be at least 1")
         if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
             raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
+        if self.watch_model_store and not self.model_store:
+            raise ConfigError("Config 'watch_model_store' needs a model_store to watch")
+        if self.watch_interval <= 0:
+            raise ConfigError("Config 'watch_interval' must be more than 0 seconds")
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -168,6 +181,8 @@ _MODEL_KEYS = {
     "cpu_affinity": "cpuAffinity",
     "max_retry_timeout_in_sec": "maxRetryTimeoutInSec",
     "worker_max_rss_mb": "workerMaxRssMb",
+    "memory_per_worker_mb": "memoryPerWorkerMB",
+    "gpu_memory_per_worker_mb": "gpuMemoryPerWorkerMB",
 }
 
 
@@ -189,6 +204,8 @@ class ModelSettings:
     cpu_affinity: bool | None = None
     max_retry_timeout_in_sec: float = 300.0
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS (MiB)
+    memory_per_worker_mb: int | None = None  # admission's figure for one worker (overrides RSS)
+    gpu_memory_per_worker_mb: int | None = None  # the same on its GPU (overrides the measure)
 
     def merged(self, values: Mapping[str, Any]) -> ModelSettings:
         """These settings with ``values`` (attribute or camelCase names) laid over them."""

@@ -62,6 +62,8 @@ def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
         "pid": pid or -1,
         "gpu": info.gpu_id is not None,
         "gpuUsage": "N/A",
+        "warmupSeconds": info.warmup_seconds or 0.0,
+        "gpuMemoryUsage": info.gpu_memory or 0,
     }
 
 
@@ -75,3 +77,15 @@ def _worker_status(info: WorkerInfo) -> str:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def failed_versions(failures: dict[str, Any]) -> dict[str, Any]:
+    """Versions of a model that failed to load, warm up or be admitted (Lantern's addition)."""
+    if not failures:
+        return {}
+    return {
+        "failedVersions": [
+            {"version": f.version, "error": f.message, "time": _iso(f.at)}
+            for f in failures.values()
+        ]
+    }

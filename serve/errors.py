@@ -21,6 +21,7 @@
       WorkerError (500)             the handler raised
         WorkerDied (500)            the worker process died with the request on it
       InsufficientResources (507)   out of memory in the worker
+        InsufficientMemory (507)    admission: no memory for the workers asked for
 
 Every error is answered as ``{"code": int, "type": str, "message": str}``, TorchServe's shape.
 """
@@ -136,6 +137,12 @@ class WorkerDied(WorkerError):
 class InsufficientResources(ServeError):
     status_code = 507
     error_type = "OutOfResources"
+
+
+class InsufficientMemory(InsufficientResources):
+    """Workers refused before they start: the host has no memory for them (serve/admission.py)."""
+
+    error_type = "InsufficientMemory"
 
 
 _BY_STATUS: dict[int, type[ServeError]] = {

@@ -110,6 +110,8 @@ class WorkerInfo:
     gpu_id: int | None
     restarts: int
     last_error: str | None
+    warmup_seconds: float | None = None  # what its warm-up took (serve/worker/warmup.py)
+    gpu_memory: int | None = None  # bytes torch holds on its GPU once loaded and warm
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -355,4 +357,6 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         gpu_id=slot.gpu_id,
         restarts=slot.restarts,
         last_error=slot.last_error,
+        warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
+        gpu_memory=getattr(proc, "gpu_memory", None),
     )

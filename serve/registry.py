@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,16 +19,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archiver import ArchiveError, open_archive
+from serve import admission
 from serve.config import Config, ModelSettings
 from serve.devices import visible_gpus
 from serve.errors import (
     BadRequest,
     Conflict,
     Forbidden,
+    InsufficientMemory,
     ModelNotFound,
     ModelVersionNotFound,
+    NoHealthyWorkers,
     ServeError,
 )
+from serve.jobs import WorkerState
 from serve.model import ModelSource, ModelVersion
 from serve.model_deps import install_requirements, requirements_file
 from serve.redact import client_message
@@ -34,6 +40,7 @@ from serve.sequences import check_supported_settings
 from serve.sources import ModelLocation, ModelSources
 from serve.threads import ThreadBudget
 from serve.worker.spares import SparePool, worker_base_env
+from serve.system_metrics import process_rss
 
 if TYPE_CHECKING:
     from serve.metrics import ServerMetrics
@@ -55,6 +62,15 @@ class ModelEntry:
     @property
     def default(self) -> ModelVersion:
         return self.versions[self.default_version]
+
+
+@dataclass
+class VersionFailure:
+    """A version that could not load, warm up or be admitted: it never took traffic."""
+
+    version: str
+    message: str
+    at: float  # time.time()
 
 
 class Registry:
@@ -81,6 +97,11 @@ class Registry:
         self._quiet = 0
         # (name, version) -> how a snapshot finds the archive again without fetching it.
         self._archives: dict[tuple[str, str], str] = {}
+        # Model updates: why versions failed (describe, metrics), how long loads took, swaps.
+        self.failures: dict[str, dict[str, VersionFailure]] = {}
+        self.failure_counts: dict[tuple[str, str], int] = {}
+        self.load_seconds: dict[tuple[str, str], float] = {}
+        self.swaps: dict[str, int] = {}
 
     # ----- lookups ---------------------------------------------------------------------
 
@@ -125,12 +146,17 @@ class Registry:
         make_default: bool = False,
         fallback_workers: int | None = None,
         model_url: str | None = None,
+        version: str | None = None,
     ) -> ModelVersion:
         """Open the archive ``url`` names, add it as a new version and start its workers.
 
         Settings: server defaults < the archive's ``model-config.yaml`` < ``settings``. Workers:
         ``initial_workers``, else the yaml ``minWorkers``, else ``fallback_workers``, else
         `default_workers`. ``model_url`` is the URL to report when ``url`` is a stored copy of it.
+        ``version`` overrides the manifest's (a versioned store's folder name).
+
+        Memory admission runs first (507 when the workers do not fit); a version whose workers
+        cannot load or warm up is removed again and its failure recorded in `failures`.
         """
         if model_name:
             _check_name(model_name, "model_name")
@@ -145,7 +171,7 @@ class Registry:
         try:
             archive = await asyncio.to_thread(open_archive, location.path, dest)
             name = model_name or archive.model_name
-            version = str(archive.version or "1.0")
+            version = version or str(archive.version or "1.0")
             _check_name(name, "model name")
             _check_name(version, "model version")
             if version == "all":  # GET /models/{m}/all lists versions: this one could not be named
@@ -185,6 +211,23 @@ class Registry:
             workers = model_settings.min_workers
         if workers is None:
             workers = fallback_workers if fallback_workers is not None else self.default_workers()
+        entry = self.models.get(name)
+        if entry is not None and version in entry.versions:  # before admission: 409, not 507
+            _cleanup(source)
+            raise Conflict(f"Model version {version} is already registered for model {name}")
+        started = time.monotonic()
+        # One worker first when nothing is known of the model's size: its RSS, measured once it
+        # is loaded, then decides the others (with `synchronous` only: else the estimate does).
+        first = workers
+        try:
+            need = await self._need(name, model_settings, archive.model_dir)
+            if need.source == "estimated" and synchronous and workers > 1:
+                first = 1
+            await self._admit(name, version, first, need, model_settings)
+        except InsufficientMemory as exc:
+            _cleanup(source)
+            self.record_failure(name, version, exc.message)
+            raise
         async with self._lock:
             entry = self.models.get(name)
             if entry is not None and version in entry.versions:
@@ -210,10 +253,18 @@ class Registry:
             self._archives[(name, version)] = location.store_name
         logger.info("Registered model %s version %s from %s", name, version, source.url)
         try:
+            if first < workers:
+                await model.scale(first, model_settings.max_workers, wait=True)
+                more = self._measured(name, model_settings)
+                await self._admit(name, version, workers - first, more, model_settings)
             await model.scale(workers, model_settings.max_workers, wait=synchronous)
-        except ServeError:
+        except ServeError as exc:
             await self._remove(model)
+            self.record_failure(name, version, exc.message)
             raise
+        if synchronous:
+            self.load_seconds[(name, version)] = time.monotonic() - started
+        self.failures.get(name, {}).pop(version, None)
         self.changed()
         return model
 
@@ -225,6 +276,100 @@ class Registry:
         if requirements is None:
             return None
         return await install_requirements(name, archive.model_dir, requirements, dest / "_deps")
+
+    # ----- memory admission ------------------------------------------------------------
+
+    async def _need(self, name: str, settings: ModelSettings, model_dir: Path) -> admission.Need:
+        need = self._measured(name, settings)
+        if need.source != "estimated":
+            return need
+        size = await asyncio.to_thread(admission.tree_size, model_dir)
+        return admission.per_worker_need(None, (), size)
+
+    def _measured(self, name: str, settings: ModelSettings) -> admission.Need:
+        """The configured figure, or the largest RSS of any running worker of model ``name``."""
+        entry = self.models.get(name)
+        rss = []
+        for mv in entry.versions.values() if entry else ():
+            rss += [r for r in map(process_rss, worker_pids(mv)) if r]
+        return admission.per_worker_need(settings.memory_per_worker_mb, rss, 0)
+
+    async def _admit(
+        self,
+        name: str,
+        version: str,
+        workers: int,
+        need: admission.Need,
+        settings: ModelSettings,
+    ) -> None:
+        """Raise `InsufficientMemory` (507) unless ``workers`` more workers fit, in host memory
+        and, for a GPU model whose GPU use is known, on its GPUs."""
+        if not self.config.memory_admission or workers <= 0:
+            return
+        self._admit_host(name, version, workers, need)
+        await self._admit_gpus(name, version, workers, settings)
+
+    async def _admit_gpus(
+        self, name: str, version: str, workers: int, settings: ModelSettings
+    ) -> None:
+        devices = self._devices(settings)
+        need = self._gpu_need(name, settings)
+        if not devices or need is None or self.metrics is None:
+            return  # a CPU model, or nothing known of its GPU use yet: not checked
+        free = {}
+        for sample in await self.metrics.system.gpu_samples():
+            total, used = sample.memory_total, sample.memory_used
+            if sample.index.isdigit() and total is not None and used is not None:
+                free[int(sample.index)] = int(total - used)
+        visible = admission.visible_free(free, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        decision = admission.decide_gpus(
+            f'model "{name}" version {version}',
+            admission.gpu_placements(workers, devices),
+            need,
+            visible,
+            self.config.gpu_memory_reserve_mb * admission.MIB,
+        )
+        if not decision.admitted:
+            logger.error("Admission refused: %s", decision.message)
+            raise InsufficientMemory(decision.message)
+
+    def _devices(self, settings: ModelSettings) -> list[int]:
+        """The GPUs a model's workers go to (as `ModelVersion` assigns them)."""
+        if (settings.device_type or "").lower() == "cpu":
+            return []
+        return list(settings.device_ids or range(visible_gpus(self.config.number_of_gpu)))
+
+    def _gpu_need(self, name: str, settings: ModelSettings) -> admission.Need | None:
+        """The configured GPU figure, or the most any running worker of ``name`` holds."""
+        if settings.gpu_memory_per_worker_mb:
+            return admission.Need(settings.gpu_memory_per_worker_mb * admission.MIB, "configured")
+        entry = self.models.get(name)
+        held = [
+            w.gpu_memory
+            for mv in (entry.versions.values() if entry else ())
+            for w in mv.workers()
+            if w.gpu_memory
+        ]
+        return admission.Need(max(held), "measured") if held else None
+
+    def _admit_host(self, name: str, version: str, workers: int, need: admission.Need) -> None:
+        used = sum(process_rss(pid) or 0 for mv in self.all_versions() for pid in worker_pids(mv))
+        headroom = admission.host_headroom(used, self.config.worker_memory_limit_mb)
+        reserve = self.config.memory_reserve_mb * admission.MIB
+        what = f'model "{name}" version {version}'
+        decision = admission.decide(what, workers, need, headroom, reserve)
+        if not decision.admitted:
+            logger.error("Admission refused: %s", decision.message)
+            raise InsufficientMemory(decision.message)
+
+    # ----- failures --------------------------------------------------------------------
+
+    def record_failure(self, name: str, version: str, message: str) -> None:
+        """A version that will not take traffic: shown by describe and counted in the metrics."""
+        self.failures.setdefault(name, {})[version] = VersionFailure(version, message, time.time())
+        key = (name, version)
+        self.failure_counts[key] = self.failure_counts.get(key, 0) + 1
+        logger.error("Model %s version %s failed: %s", name, version, message)
 
     def default_workers(self) -> int:
         if self.config.default_workers_per_model > 0:
@@ -246,6 +391,10 @@ class Registry:
         if max_worker is not None and max_worker < min_worker:
             raise BadRequest("max_worker cannot be less than min_worker.")
         model = self.get(name, version)
+        added = min_worker - active_workers(model)
+        if added > 0:
+            measured = self._measured(name, model.settings)
+            await self._admit(model.name, model.version, added, measured, model.settings)
         try:
             await model.scale(min_worker, max_worker, wait=synchronous)
         finally:
@@ -253,11 +402,41 @@ class Registry:
         return model
 
     def set_default(self, name: str, version: str) -> ModelVersion:
-        """Route unversioned requests to ``version`` from now on (the next request sees it)."""
+        """Route unversioned requests to ``version`` from now on (the next request sees it).
+
+        This does not wait: `swap_default` is the seamless swap the management API and the
+        store watcher use.
+        """
         model = self.get(name, version)
-        self.models[name].default_version = model.version
+        entry = self.models[name]
+        if entry.default_version != model.version:
+            logger.info(
+                "Model %s: default version %s -> %s", name, entry.default_version, model.version
+            )
+            entry.default_version = model.version
+            self.swaps[name] = self.swaps.get(name, 0) + 1
         self.changed()
         return model
+
+    async def swap_default(self, name: str, version: str) -> ModelVersion:
+        """Route unversioned requests to ``version`` once its workers are loaded and warm.
+
+        The swap: requests resolve their version when they are queued, so those already queued
+        or running on the old default finish there; the next request goes to ``version``.
+        Raises when no worker of ``version`` could start (the old default keeps serving). A
+        version with no workers asked for switches at once, as in TorchServe.
+        """
+        model = self.get(name, version)
+        if model.min_workers > 0:
+            await model.wait_loaded()  # raises when every worker failed to load or warm up
+            if model.ready_workers() == 0:
+                raise NoHealthyWorkers(
+                    f'Model "{name}" version {model.version} has no ready worker to take traffic.'
+                )
+        entry = self.models.get(name)
+        if entry is None or entry.versions.get(model.version) is not model:  # gone meanwhile
+            raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
+        return self.set_default(name, model.version)
 
     async def unregister(self, name: str, version: str | None = None) -> ModelVersion:
         """Remove a version: new requests get 404, queued and running ones finish first."""
@@ -273,6 +452,7 @@ class Registry:
             if not entry.versions:
                 del self.models[name]
             self._archives.pop((name, model.version), None)
+            self.load_seconds.pop((name, model.version), None)
         await model.drain(self.config.unregister_model_timeout)
         await model.stop()
         _cleanup(model.source)
@@ -341,6 +521,16 @@ class Registry:
                 }
             models[entry.name] = versions
         return {"modelCount": len(models), "models": models}
+
+
+def worker_pids(model: ModelVersion) -> list[int]:
+    """Process ids of a version's live workers."""
+    return [w.pid for w in model.workers() if w.pid and w.state != WorkerState.DEAD]
+
+
+def active_workers(model: ModelVersion) -> int:
+    """Workers the version runs or is starting (not those retiring)."""
+    return sum(1 for w in model.workers() if not w.retiring)
 
 
 def _settings_dict(settings: ModelSettings) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from serve.metrics import ServerMetrics
 from serve.metrics_config import load_policy
 from serve.registry import Registry
 from serve.server_choice import resolve_http_server
+from serve.update_metrics import UpdateCollector
+from serve.watcher import StoreWatcher
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class Server:
         self.metrics.handler.policy = load_policy(config)  # metrics_config, auto-detect, mode
         self.registry = Registry(config, self.work_dir, self.metrics)
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
+        self.metrics.registry.register(UpdateCollector(self.registry))
+        self.watcher: StoreWatcher | None = None
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.addresses: dict[str, str] = {}
 
@@ -110,6 +114,7 @@ class Server:
         loader = asyncio.create_task(self._load_startup_models())
         drained = asyncio.Event()
         drainer = asyncio.create_task(self._drain_on_stop(drained))
+        watching = asyncio.create_task(self._watch_store(loader))
         try:
             await run_servers(
                 bindings,
@@ -123,6 +128,7 @@ class Server:
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
+            await self._stop_watching(watching)
             await drainer
             await self.registry.stop()
             for sock in sockets.values():
@@ -141,6 +147,34 @@ class Server:
         if not self.stop_event.is_set():
             logger.info("Stopping: no new requests; finishing those in flight")
         self.stop_event.set()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    async def _watch_store(self, loader: asyncio.Task[None]) -> None:
+        """With ``watch_model_store``: keep the served versions in line with the store
+        (serve/watcher.py), from when the startup models are loaded until the server stops."""
+        if not self.config.watch_model_store or not self.config.model_store:
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(loader)
+        if self.stop_event.is_set():
+            return
+        self.watcher = StoreWatcher(
+            self.registry, Path(self.config.model_store), self.config.watch_interval
+        )
+        await self.watcher.run()
+
+    async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(watching), 1.0)
+        except asyncio.TimeoutError:  # a load in progress: the registry stops its workers
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+        except asyncio.CancelledError:
+            pass
 
     async def _drain_on_stop(self, drained: asyncio.Event) -> None:
         """After SIGTERM: let the accepted work finish, then let the HTTP servers close."""

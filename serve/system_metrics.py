@@ -159,6 +159,11 @@ class SystemMetrics:
         self._gpus = parse_nvidia_smi(out.decode(errors="replace"))
         self._gpu_next = time.monotonic() + _GPU_TTL
 
+    async def gpu_samples(self) -> list[GpuSample]:
+        """The latest GPU samples (refreshed if stale); empty without nvidia-smi."""
+        await self.refresh()
+        return list(self._gpus)
+
     def cpu_percent(self) -> float:
         """Host CPU use since the previous call (since start on the first one)."""
         now = read_cpu_times()

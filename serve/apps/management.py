@@ -25,7 +25,7 @@ from serve.apps.common import (
     parse_bool,
     parse_int,
 )
-from serve.describe import describe_model
+from serve.describe import describe_model, failed_versions
 from serve.errors import BadRequest, MethodNotAllowed, error_for_status
 from serve.inputs import read_body
 from serve.json_input import parse_json
@@ -118,10 +118,11 @@ def create_management_app(state: ServerState) -> Starlette:
         name = request.path_params["model"]
         version = request.path_params.get("version")
         customized = parse_bool(request.query_params.get("customized"), False)
+        failures = failed_versions(registry.failures.get(name, {}))
         if version == "all":  # TorchServe ignores customized=true here too
-            return json_response([describe_model(m) for m in registry.versions(name)])
+            return json_response([describe_model(m) | failures for m in registry.versions(name)])
         model = registry.get(name, version)
-        data = describe_model(model)
+        data = describe_model(model) | failures
         if customized:
             data["customizedMetadata"] = await _customized(model)
         return json_response([data])
@@ -151,7 +152,7 @@ def create_management_app(state: ServerState) -> Starlette:
 
     async def set_default(request: Request) -> Response:
         name = request.path_params["model"]
-        model = registry.set_default(name, request.path_params["version"])
+        model = await registry.swap_default(name, request.path_params["version"])
         return _status(
             f'Default version successfully updated for model "{name}" to "{model.version}"'
         )

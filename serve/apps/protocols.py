@@ -285,6 +285,8 @@ class _Protocols:
                 for t in infer.inputs
             ]
             item = BatchItem(rid, headers, params)
+            # Look again: the default version may have moved (a swap) while the body was read.
+            model = self.registry.get(name, version)
             result = await model.submit(item, _timeout(request, infer.timeout_us))
             tensors = _tensors(result)
             payload, extra = await run_sized(
@@ -352,6 +354,7 @@ class _Protocols:
             if action == "explain":
                 headers["explain"] = "True"
             item = BatchItem(rid, headers, [("body", "application/json", body)])
+            model = self.registry.get(name, version)  # the default may have moved meanwhile
             result = await model.submit(item, _timeout(request))
             self._check_size(result.body)
             status = result.status

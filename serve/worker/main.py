@@ -85,6 +85,22 @@ def _set_threads(threads: int, context: Any) -> None:
             torch.set_num_threads(threads)
 
 
+def _gpu_memory(spec: dict[str, Any]) -> int | None:
+    """Bytes torch holds on this worker's GPU after load and warm-up (memory admission's
+    measure); None when the handler did not use CUDA through torch."""
+    gpu_id = spec.get("gpu_id")
+    if gpu_id is None or "torch" not in sys.modules:
+        return None
+    import torch
+
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.memory_reserved(int(gpu_id)))
+    except Exception:  # a broken CUDA setup must not fail a loaded worker
+        return None
+
+
 def load(spec: dict[str, Any]) -> tuple[Any, Any]:
     """Build the context and load the handler named by the spec (or its manifest)."""
     from handlers.compat import install_ts_alias
@@ -310,10 +326,25 @@ def main(argv: list[str]) -> int:
         logger.error("Failed to load the model", exc_info=True)
         conn.send(Frame(MsgType.LOAD_FAILED, 0, load_failure(spec, exc)))
         return 1
+    # Warm-up runs through the real handler before we report loaded: no request ever meets a
+    # cold worker, whether it was started by a register, a scale-up, a restart or a swap.
     from serve.worker.spares import loaded_frameworks
+    from serve.worker.warmup import WarmupFailed, run_warmup
 
+    try:
+        warmup = run_warmup(service, context, spec, run_batch)
+    except WarmupFailed as exc:
+        logger.error("Warm-up failed: %s", exc)
+        conn.send(Frame(MsgType.LOAD_FAILED, 0, {"type": "WarmupFailed", "message": str(exc)}))
+        return 1
     # What it imported tells the server's spares what to preload (serve/worker/spares.py).
-    conn.send(Frame(MsgType.LOADED, 0, {"pid": os.getpid(), "modules": loaded_frameworks()}))
+    loaded = {
+        "pid": os.getpid(),
+        "modules": loaded_frameworks(),
+        "warmup": warmup,
+        "gpu_memory": _gpu_memory(spec),
+    }
+    conn.send(Frame(MsgType.LOADED, 0, loaded))
     decode = spec.get("decode_input_request", True)
     while True:
         frame = conn.receive()

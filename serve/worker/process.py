@@ -72,6 +72,8 @@ class WorkerProcess:
         self._tasks: list[asyncio.Task[Any]] = []
         self._exited = asyncio.Event()
         self.exit_code: int | None = None
+        self.warmup: dict[str, Any] = {}
+        self.gpu_memory = None
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
@@ -117,6 +119,8 @@ class WorkerProcess:
                 raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
             if self.spares is not None:
                 self.spares.learn(loaded.meta.get("modules") or [])
+            self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
+            self.gpu_memory: int | None = loaded.meta.get("gpu_memory")  # bytes torch holds
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.state = WorkerState.READY
         except BaseException:

@@ -1,0 +1,152 @@
+"""Warm-up: sample requests a worker runs through its real handler before it takes traffic.
+
+Samples come from the archive: every file in its ``warmup/`` folder (the content type from the
+file's extension), and the ``warmup`` list of ``model-config.yaml``, whose entries are
+``{file: warmup/cat.jpg, contentType: image/jpeg}`` or ``{body: ..., contentType: ...}`` (a
+mapping or list body is sent as JSON). They are sent at every batch size from 1 to the model's
+``batchSize`` (or the sizes in ``warmupBatchSizes``), each sample leading one batch per size.
+Any error answer fails the warm-up, and with it the worker's start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mimetypes
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serve.protocol import Frame, MsgType
+
+logger = logging.getLogger("serve.worker")
+
+WARMUP_DIR = "warmup"
+_TYPES = {".json": "application/json", ".txt": "text/plain", ".bin": "application/octet-stream"}
+
+
+class WarmupFailed(Exception):
+    """A warm-up sample was answered with an error, or the samples could not be read."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    content_type: str | None
+    body: bytes
+
+
+def load_samples(model_dir: str | Path, model_config: dict[str, Any]) -> list[Sample]:
+    """The archive's warm-up samples: the ``warmup`` list first, then the ``warmup/`` folder."""
+    root = Path(model_dir)
+    samples: list[Sample] = []
+    listed = model_config.get("warmup") or []
+    if not isinstance(listed, list):
+        raise WarmupFailed("model-config.yaml 'warmup' must be a list of samples")
+    for i, entry in enumerate(listed):
+        samples.append(_listed_sample(root, entry, i))
+    folder = root / WARMUP_DIR
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and not path.name.startswith("."):
+                samples.append(Sample(path.name, _content_type(path), path.read_bytes()))
+    return samples
+
+
+def _listed_sample(root: Path, entry: Any, index: int) -> Sample:
+    if not isinstance(entry, dict):
+        raise WarmupFailed(f"warmup[{index}] must be a mapping with 'file' or 'body'")
+    content_type = entry.get("contentType") or entry.get("content_type")
+    if "file" in entry:
+        path = (root / str(entry["file"])).resolve()
+        if not path.is_relative_to(root.resolve()) or not path.is_file():
+            raise WarmupFailed(f"warmup[{index}]: no file {entry['file']!r} in the archive")
+        return Sample(str(entry["file"]), content_type or _content_type(path), path.read_bytes())
+    if "body" not in entry:
+        raise WarmupFailed(f"warmup[{index}] must have 'file' or 'body'")
+    body, name = entry["body"], f"warmup[{index}]"
+    if isinstance(body, (dict, list)):
+        return Sample(name, content_type or "application/json", json.dumps(body).encode())
+    if isinstance(body, bytes):
+        return Sample(name, content_type, body)
+    return Sample(name, content_type or "text/plain", str(body).encode())
+
+
+def _content_type(path: Path) -> str | None:
+    return _TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0]
+
+
+def batch_sizes(batch_size: int, override: Any = None) -> list[int]:
+    """Every batch size the batcher can form (1..batch_size), or the configured ones."""
+    if override:
+        sizes = override if isinstance(override, list) else [override]
+        try:
+            chosen = sorted({int(s) for s in sizes if 1 <= int(s) <= max(batch_size, 1)})
+        except (TypeError, ValueError):
+            raise WarmupFailed(f"warmupBatchSizes must be numbers; got {override!r}") from None
+        if chosen:
+            return chosen
+    return list(range(1, max(batch_size, 1) + 1))
+
+
+def warmup_frames(samples: Sequence[Sample], sizes: Sequence[int]) -> list[Frame]:
+    """One PREDICT frame per (batch size, leading sample); requests cycle through the samples."""
+    frames = []
+    n = 0
+    for size in sizes:
+        for lead in range(len(samples)):
+            requests, payloads = [], []
+            for k in range(size):
+                sample = samples[(lead + k) % len(samples)]
+                n += 1
+                ct = sample.content_type
+                headers = {"content-type": ct} if ct else {}
+                requests.append({"id": f"warmup-{n}", "headers": headers, "params": [["body", ct]]})
+                payloads.append(sample.body)
+            frames.append(Frame(MsgType.PREDICT, 0, {"requests": requests}, tuple(payloads)))
+    return frames
+
+
+def run_warmup(
+    service: Any,
+    context: Any,
+    spec: dict[str, Any],
+    run_batch: Callable[[Any, Any, Frame, bool], Frame],
+) -> dict[str, Any]:
+    """Send the archive's samples through the handler; returns what was run and how long it took.
+
+    Raises `WarmupFailed` on the first error answer.
+    """
+    model_config = spec.get("model_yaml_config") or {}
+    samples = load_samples(spec["model_dir"], model_config)
+    if not samples:
+        return {"requests": 0, "batches": 0, "seconds": 0.0}
+    sizes = batch_sizes(int(spec.get("batch_size") or 1), model_config.get("warmupBatchSizes"))
+    decode = spec.get("decode_input_request", True)
+    started = time.perf_counter()
+    frames = warmup_frames(samples, sizes)
+    requests = 0
+    for frame in frames:
+        result = run_batch(service, context, frame, decode)
+        requests += len(frame.meta["requests"])
+        for item, body in zip(result.meta["items"], result.payloads, strict=True):
+            error = item.get("error")
+            status = item.get("status", 200)
+            if error or status >= 400:
+                detail = error["message"] if error else body[:200].decode(errors="replace")
+                code = error["code"] if error else status
+                raise WarmupFailed(
+                    f"warm-up request failed at batch size {len(frame.meta['requests'])} "
+                    f"({code}): {detail}"
+                )
+    seconds = time.perf_counter() - started
+    logger.info(
+        "Warm-up: %d requests in %d batches (sizes %s) took %.3f s",
+        requests,
+        len(frames),
+        ",".join(map(str, sizes)),
+        seconds,
+    )
+    return {"requests": requests, "batches": len(frames), "seconds": seconds}
