@@ -70,6 +70,16 @@ class Config:
     worker_restart_max_backoff: float = 30.0
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+    # HTTPS (serve/tls.py) for the addresses that say https://, as TorchServe configures it.
+    private_key_file: str | None = None
+    certificate_file: str | None = None
+    keystore: str | None = None
+    keystore_pass: str = "changeit"
+    keystore_type: str = "PKCS12"
+    # CORS (serve/cors.py): off unless cors_allowed_origin is set, as in TorchServe.
+    cors_allowed_origin: str | None = None
+    cors_allowed_methods: str | None = None
+    cors_allowed_headers: str | None = None
 
     @classmethod
     def load(

@@ -21,14 +21,29 @@ Binding = tuple[Any, socket.socket]
 
 
 async def run_servers(
-    bindings: Sequence[Binding], kind: str, stop: asyncio.Event, graceful_timeout: float
+    bindings: Sequence[Binding],
+    kind: str,
+    stop: asyncio.Event,
+    graceful_timeout: float,
+    tls: Sequence[Any] | None = None,
 ) -> None:
-    """Serve every ``(app, socket)`` until ``stop`` is set, then close gracefully."""
+    """Serve every ``(app, socket)`` until ``stop`` is set, then close gracefully.
+
+    ``tls`` holds, per binding, the `serve.tls.TlsFiles` that binding serves HTTPS with, or None.
+    """
     runner = _run_uvicorn if kind == "uvicorn" else _run_hypercorn
-    await asyncio.gather(*(runner(app, sock, stop, graceful_timeout) for app, sock in bindings))
+    per_binding = list(tls) if tls is not None else [None] * len(bindings)
+    await asyncio.gather(
+        *(
+            runner(app, sock, stop, graceful_timeout, files)
+            for (app, sock), files in zip(bindings, per_binding, strict=True)
+        )
+    )
 
 
-async def _run_hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
+async def _run_hypercorn(
+    app: Any, sock: socket.socket, stop: asyncio.Event, grace: float, tls: Any = None
+) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
@@ -39,10 +54,14 @@ async def _run_hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, gra
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = grace
     config.keep_alive_timeout = 75.0
+    if tls is not None:
+        tls.apply_to_hypercorn(config)
     await serve(app, config, shutdown_trigger=stop.wait, mode="asgi")
 
 
-async def _run_uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float) -> None:
+async def _run_uvicorn(
+    app: Any, sock: socket.socket, stop: asyncio.Event, grace: float, tls: Any = None
+) -> None:
     try:
         import uvicorn
     except ImportError as exc:  # the optional extra is not installed
@@ -63,6 +82,7 @@ async def _run_uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace
         timeout_graceful_shutdown=grace,
         timeout_keep_alive=75,
         http="httptools" if _has("httptools") else "h11",
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
     server = _Server(config)
 
