@@ -354,3 +354,31 @@ def _wait_gone(pid: int) -> None:
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(pid)
+
+
+# --- 4. help -----------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command_whole_and_states_defaults(tmp_path: Path) -> None:
+    top = serve("--help", cwd=tmp_path)
+    commands = top.stdout.split("Commands:")[1].splitlines()
+    assert [line.split()[0] for line in commands if line.strip()] == [
+        "logs",
+        "start",
+        "status",
+        "stop",
+    ]
+    assert not any(line.rstrip().endswith("...") for line in commands), top.stdout
+    start = " ".join(serve("start", "--help", cwd=tmp_path).stdout.split())
+    for default in (
+        "--ncs, --no-config-snapshots Neither restore nor write config snapshots. Default:",
+        "(default hypercorn;",
+        "(default text)",
+        "Default: $LANTERN_PID_FILE, else $XDG_RUNTIME_DIR/lantern/server.json, else "
+        "~/.lantern/server.json",
+        "Exit codes: 0 healthy;",
+    ):
+        assert default in start, default
+    for command in ("stop", "status", "logs"):
+        text = " ".join(serve(command, "--help", cwd=tmp_path).stdout.split())
+        assert "Default: $LANTERN_PID_FILE" in text, command
