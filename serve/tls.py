@@ -49,6 +49,7 @@ class TlsFiles:
 
 def server_tls_files(config: Config, work_dir: Path) -> TlsFiles:
     """The certificate and key the https listeners serve; raises `TlsError` when unusable."""
+    work_dir = work_dir.resolve()
     if config.keystore:
         files = _from_keystore(config, work_dir / "tls")
     elif config.private_key_file or config.certificate_file:
@@ -57,7 +58,10 @@ def server_tls_files(config: Config, work_dir: Path) -> TlsFiles:
         for key in ("private_key_file", "certificate_file"):
             if not Path(getattr(config, key)).is_file():
                 raise TlsError(f"Config '{key}': no such file {getattr(config, key)}")
-        files = TlsFiles(Path(config.certificate_file), Path(config.private_key_file))
+        # Absolute: the record hands the certificate to `serve status` run from anywhere.
+        files = TlsFiles(
+            Path(config.certificate_file).resolve(), Path(config.private_key_file).resolve()
+        )
     else:
         files = self_signed(work_dir / "tls")
         logger.warning(
