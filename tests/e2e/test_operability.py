@@ -244,6 +244,18 @@ def test_ncs_ignores_the_snapshot(snapshot_folder: Folder) -> None:
     assert len(f.snapshots()) == 1  # and writes none
 
 
+def test_a_missing_store_with_a_snapshot_present_starts_nothing(snapshot_folder: Folder) -> None:
+    f = snapshot_folder
+    before = f.snapshots()
+    missing = f.root / "moved-away"
+    result = serve(
+        "start", "--model-store", str(missing), "--pid-file", str(f.record), *PORTS, cwd=f.root
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"Error: Model store {missing} does not exist."]
+    assert not f.record.exists() and f.snapshots() == before
+
+
 def test_a_failed_restore_says_why_and_writes_no_snapshot(snapshot_folder: Folder) -> None:
     f = snapshot_folder
     (f.store / "echo.mar").unlink()  # the archive the snapshot names is gone
