@@ -24,6 +24,9 @@ class _ArchiverCommand(click.Command):
         try:
             result = super().main(args, prog_name or prog, standalone_mode=False, **extra)
         except click.UsageError as exc:
+            given = sys.argv[1:] if args is None else list(args)
+            if not given and exc.ctx is not None:  # no arguments at all: show how to call it
+                click.echo(exc.ctx.get_help(), err=True)
             _fail(prog, exc.format_message(), 2)
         except click.ClickException as exc:
             _fail(prog, exc.format_message(), exc.exit_code)

@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import click
 
-from serve import __version__
+from serve import __version__, control, server_record
 from serve.config import Config, ConfigError
+from serve.control import CliError
 from serve.server_choice import resolve_http_server
+from serve.startup_report import EXIT_ADDRESS_IN_USE, EXIT_USAGE
 
 _DETACHED_ENV = "_LANTERN_DETACHED"
-DEFAULT_STATE_FILE = Path(tempfile.gettempdir()) / ".lantern" / "server.json"
+_PID_FILE_HELP = (
+    "The server record: pid, addresses, folder. Default: $LANTERN_PID_FILE, else "
+    "$XDG_RUNTIME_DIR/lantern/server.json, else ~/.lantern/server.json "
+    f"(here: {server_record.default_path()})."
+)
 
 
 def _state_file(value: str | None) -> Path:
-    return Path(value or os.environ.get("LANTERN_PID_FILE") or DEFAULT_STATE_FILE).resolve()
+    return server_record.record_path(value)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,7 +36,10 @@ def main() -> None:
     """Lantern: serve TorchServe model archives over HTTP."""
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command(
+    context_settings={"ignore_unknown_options": False},
+    short_help="Start the server; returns once it is healthy.",
+)
 @click.option("--model-store", type=click.Path(file_okay=False), help="Folder of model archives.")
 @click.option(
     "--models",
@@ -56,7 +60,8 @@ def main() -> None:
     "--no-config-snapshots",
     "ncs",
     is_flag=True,
-    help="Neither restore nor write config snapshots.",
+    help="Neither restore nor write config snapshots. Default: write one after each change, "
+    "and restore the newest at start when neither --config nor --ts-config is given.",
 )
 @click.option(
     "--disable-token-auth",
@@ -72,7 +77,9 @@ def main() -> None:
     default=None,
     help="Allow registering and unregistering models over the management API.",
 )
-@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for log files.")
+@click.option(
+    "--log-dir", type=click.Path(file_okay=False), help="Folder for log files (default ./logs)."
+)
 @click.option(
     "--http-server",
     type=click.Choice(["auto", "hypercorn", "uvicorn"]),
@@ -82,7 +89,12 @@ def main() -> None:
 @click.option("--inference-address", default=None, help="e.g. http://127.0.0.1:8080")
 @click.option("--management-address", default=None, help="e.g. http://127.0.0.1:8081")
 @click.option("--metrics-address", default=None, help="e.g. http://127.0.0.1:8082")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="Log lines as text or one JSON object each (default text).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
@@ -96,7 +108,7 @@ def main() -> None:
     help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
 )
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
-@click.option("--pid-file", default=None, help="Where the running server's pid and ports are kept.")
+@click.option("--pid-file", default=None, help=_PID_FILE_HELP)
 @click.option(
     "--wait",
     "wait_timeout",
@@ -105,23 +117,27 @@ def main() -> None:
     help="Seconds to wait for a healthy server before returning.",
 )
 def start(foreground: bool, pid_file: str | None, wait_timeout: float, **options: Any) -> None:
-    """Start the server; returns once it is healthy unless --foreground."""
+    """Start the server; returns once it is healthy unless --foreground.
+
+    Exit codes: 0 healthy; 1 exited during startup or not healthy in time; 2 a bad option,
+    setting or missing model store; 3 already running; 4 an address in use; 5 running, but a
+    model did not load.
+    """
     try:
         config = _load_config(options)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    control.check_model_store(config)
     state_file = _state_file(pid_file)
-    running = _read_state(state_file)
-    if running and _alive(running["pid"]):
-        raise click.ClickException(
-            f"Lantern is already running (pid {running['pid']}); run 'serve stop' first."
-        )
+    control.refuse_if_running(state_file)
     try:
         choice = resolve_http_server(config)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    # TorchServe: the newest snapshot is restored only when no config file is given.
+    restore = not (options["ncs"] or options["config_file"] or options["ts_config_file"])
     if foreground:  # the server logs its choice to the console
-        _run_foreground(config, state_file, restore=not options["ncs"])
+        _run_foreground(config, state_file, restore=restore)
         return
     click.echo(choice.describe())
     _start_background(config, state_file, wait_timeout)
@@ -178,10 +194,16 @@ def _run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
         server = Server(config, state_file=state_file, restore_snapshot=restore)
         await server.serve()
 
+    from serve.server import ListenError
+
     try:
         _event_loop_runner()(run())
-    except OSError as exc:  # e.g. address already in use
-        raise click.ClickException(str(exc)) from exc
+    except ListenError as exc:  # names the address
+        raise CliError(str(exc), EXIT_ADDRESS_IN_USE) from exc
+    except ConfigError as exc:  # e.g. a certificate that cannot be used
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    except OSError as exc:
+        raise CliError(str(exc)) from exc
 
 
 def _event_loop_runner() -> Any:
@@ -210,9 +232,11 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
         str(state_file),
         *_strip_pid_file(args),
     ]
-    state_file.parent.mkdir(parents=True, exist_ok=True)
+    state_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     state_file.unlink(missing_ok=True)
-    with open(log_dir / "console.log", "ab") as console:
+    console_log = log_dir / "console.log"
+    offset = console_log.stat().st_size if console_log.exists() else 0
+    with open(console_log, "ab") as console:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -223,25 +247,18 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
         )
     deadline = time.monotonic() + wait_timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (log_dir / "console.log").read_text(errors="replace").splitlines()[-15:]
-            raise click.ClickException("Lantern exited during startup:\n" + "\n".join(tail))
-        state = _read_state(state_file)
-        health = _ping(state["addresses"]["inference"]) if state else None
-        if state and state.get("started") and health != 200:
-            raise click.ClickException(
-                f"Lantern (pid {proc.pid}) is running, but not every model loaded (/ping is "
-                f"Unhealthy); see {log_dir / 'lantern.log'} and {log_dir / 'model_log.log'}."
-            )
-        if state and health == 200:
-            click.echo(f"Lantern is running (pid {proc.pid}).")
-            for name, address in state["addresses"].items():
-                click.echo(f"  {name:<10} {address}")
-            if state.get("key_file"):
-                click.echo(f"  tokens     {state['key_file']}")
+        code = proc.poll()
+        if code is not None:
+            lines = control.startup_exit_lines(console_log, offset)
+            raise CliError("\n".join(lines or ["Lantern exited during startup."]), code or 1)
+        record = server_record.read(state_file)
+        if record is not None and record.data.get("started"):
+            health = control.ping(record.addresses["inference"], control.ssl_context(record))
+            lines = control.started_outcome(record, health, log_dir.resolve())
+            click.echo("\n".join(lines))
             return
         time.sleep(0.2)
-    raise click.ClickException(
+    raise CliError(
         f"Lantern (pid {proc.pid}) is not healthy after {wait_timeout:g} s; see {log_dir}."
     )
 
@@ -261,108 +278,54 @@ def _strip_pid_file(args: list[str]) -> list[str]:
     return out
 
 
-@main.command()
-@click.option("--pid-file", default=None)
+@main.command(short_help="Stop the server; in-flight requests finish first.")
+@click.option("--pid-file", default=None, help=_PID_FILE_HELP)
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for exit.")
 def stop(pid_file: str | None, timeout: float) -> None:
-    """Stop the server gracefully: in-flight requests finish first."""
-    state = _read_state(_state_file(pid_file))
-    if not state or not _alive(state["pid"]):
-        raise click.ClickException("Lantern is not running.")
-    pid = state["pid"]
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            click.echo("Lantern has stopped.")
-            return
-        time.sleep(0.1)
-    raise click.ClickException(f"Lantern (pid {pid}) did not stop within {timeout:g} s.")
+    """Stop the server gracefully: in-flight requests finish first.
+
+    Only a process whose start time and command line match the record is signalled. A stale
+    record (the server is gone, or its pid now belongs to another program) is removed, exit 0.
+    """
+    control.stop(_state_file(pid_file), timeout)
 
 
-@main.command()
-@click.option("--pid-file", default=None)
+@main.command(short_help="Models, health, workers, queues and memory of the server.")
+@click.option("--pid-file", default=None, help=_PID_FILE_HELP)
 def status(pid_file: str | None) -> None:
-    """Show the models, versions, workers and queues of the running server."""
-    state = _read_state(_state_file(pid_file))
-    if not state or not _alive(state["pid"]):
-        raise click.ClickException("Lantern is not running.")
-    mgmt = state["addresses"]["management"]
-    token = _token(state.get("key_file"), "management")
-    health = _ping(state["addresses"]["inference"])
-    click.echo(f"Lantern pid {state['pid']}  health: {'Healthy' if health == 200 else 'Unhealthy'}")
-    models = _get_json(f"{mgmt}/models?limit=100", token).get("models", [])
-    rows = [("MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED")]
-    for entry in models:
-        name = entry["modelName"]
-        default = _get_json(f"{mgmt}/models/{name}", token)[0]["modelVersion"]
-        for d in _get_json(f"{mgmt}/models/{name}/all", token):
-            ready = sum(1 for w in d["workers"] if w["status"] == "READY")
-            rows.append(
-                (
-                    name,
-                    d["modelVersion"],
-                    "*" if d["modelVersion"] == default else "",
-                    str(len(d["workers"])),
-                    str(ready),
-                    str(d["batchSize"]),
-                    str(d["jobQueueStatus"]["pendingRequests"]),
-                )
-            )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    """Show the server's addresses, and per model version: workers, health, queue and RSS."""
+    control.status(_state_file(pid_file))
 
 
-def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an exited process its parent has not reaped yet is a zombie: gone for us
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _ping(base: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
-def _token(key_file: str | None, kind: str) -> str | None:
-    if not key_file:
-        return None
-    try:
-        return json.loads(Path(key_file).read_text())[kind]["key"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _get_json(url: str, token: str | None) -> Any:
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        raise click.ClickException(f"{url}: HTTP {exc.code} {detail}") from None
+@main.command(short_help="Print the end of a log file; --list for the paths.")
+@click.option("--pid-file", default=None, help=_PID_FILE_HELP)
+@click.option(
+    "--log-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Log folder. Default: the recorded server's, else ./logs.",
+)
+@click.option(
+    "--file",
+    "which",
+    type=click.Choice(list(control.LOG_FILES)),
+    default="lantern",
+    show_default=True,
+    help="lantern.log, model_log.log, access_log.log or console.log (a detached server's).",
+)
+@click.option("-n", "--lines", default=50, show_default=True, help="How many lines.")
+@click.option("--list", "list_only", is_flag=True, help="Print the log files' paths only.")
+def logs(
+    pid_file: str | None, log_dir: str | None, which: str, lines: int, list_only: bool
+) -> None:
+    """Print the last lines of a log file of the server (follow one with: tail -F PATH)."""
+    folder = control.log_folder(_state_file(pid_file), log_dir)
+    if list_only:
+        for name, file in control.LOG_FILES.items():
+            click.echo(f"{name:<8} {folder / file}")
+        return
+    for line in control.tail(folder / control.LOG_FILES[which], lines):
+        click.echo(line)
 
 
 if __name__ == "__main__":

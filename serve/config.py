@@ -94,6 +94,16 @@ class Config:
     memory_reserve_mb: int = 256  # memory kept free on the host
     gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU
     worker_memory_limit_mb: int = 0  # the most all workers together may use; 0: no limit
+    # HTTPS (serve/tls.py) for the addresses that say https://, as TorchServe configures it.
+    private_key_file: str | None = None
+    certificate_file: str | None = None
+    keystore: str | None = None
+    keystore_pass: str = "changeit"
+    keystore_type: str = "PKCS12"
+    # CORS (serve/cors.py): off unless cors_allowed_origin is set, as in TorchServe.
+    cors_allowed_origin: str | None = None
+    cors_allowed_methods: str | None = None
+    cors_allowed_headers: str | None = None
 
     @classmethod
     def load(

@@ -28,6 +28,7 @@ async def run_servers(
     stop: asyncio.Event,
     graceful_timeout: float,
     drained: asyncio.Event | None = None,
+    tls: Sequence[Any] | None = None,
 ) -> None:
     """Serve every ``(app, socket)`` until ``stop`` is set; then shut down in two steps.
 
@@ -35,16 +36,26 @@ async def run_servers(
     refused by the kernel, not queued), while open connections stay up: the apps answer what
     arrives on them (see `serve.draining`). When ``drained`` is set (default: ``stop``), the
     connections are closed and requests still being answered get ``graceful_timeout`` seconds.
+    ``tls`` holds, per binding, the `serve.tls.TlsFiles` that binding serves HTTPS with, or None.
     """
     runner = _run_uvicorn if kind == "uvicorn" else _run_hypercorn
     done = drained or stop
+    per_binding = list(tls) if tls is not None else [None] * len(bindings)
     await asyncio.gather(
-        *(runner(app, sock, stop, done, graceful_timeout) for app, sock in bindings)
+        *(
+            runner(app, sock, stop, done, graceful_timeout, files)
+            for (app, sock), files in zip(bindings, per_binding, strict=True)
+        )
     )
 
 
 async def _run_hypercorn(
-    app: Any, sock: socket.socket, stop: asyncio.Event, drained: asyncio.Event, grace: float
+    app: Any,
+    sock: socket.socket,
+    stop: asyncio.Event,
+    drained: asyncio.Event,
+    grace: float,
+    tls: Any = None,
 ) -> None:
     # hypercorn's serve() closes its listeners and its idle connections in one step, on one
     # trigger; we accept connections ourselves (hypercorn's own per-connection server does the
@@ -59,6 +70,9 @@ async def _run_hypercorn(
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = grace
     config.keep_alive_timeout = 75.0
+    if tls is not None:
+        tls.apply_to_hypercorn(config)
+    ssl = config.create_ssl_context() if config.ssl_enabled else None
     loop = asyncio.get_running_loop()
     context = WorkerContext(None)
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
@@ -71,7 +85,13 @@ async def _run_hypercorn(
             task.add_done_callback(connections.discard)
         await TCPServer(wrapped, loop, config, context, {}, reader, writer)
 
-    server = await asyncio.start_server(on_connection, sock=sock, backlog=config.backlog)
+    server = await asyncio.start_server(
+        on_connection,
+        sock=sock,
+        backlog=config.backlog,
+        ssl=ssl,
+        ssl_handshake_timeout=config.ssl_handshake_timeout if ssl else None,
+    )
     try:
         await stop.wait()
     finally:
@@ -84,7 +104,12 @@ async def _run_hypercorn(
 
 
 async def _run_uvicorn(
-    app: Any, sock: socket.socket, stop: asyncio.Event, drained: asyncio.Event, grace: float
+    app: Any,
+    sock: socket.socket,
+    stop: asyncio.Event,
+    drained: asyncio.Event,
+    grace: float,
+    tls: Any = None,
 ) -> None:
     try:
         import uvicorn
@@ -106,6 +131,7 @@ async def _run_uvicorn(
         timeout_graceful_shutdown=grace,
         timeout_keep_alive=75,
         http="httptools" if _has("httptools") else "h11",
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
     server = _Server(config)
 

@@ -38,9 +38,9 @@ from serve.model_deps import install_requirements, requirements_file
 from serve.redact import client_message
 from serve.sequences import check_supported_settings
 from serve.sources import ModelLocation, ModelSources
+from serve.system_metrics import process_rss
 from serve.threads import ThreadBudget
 from serve.worker.spares import SparePool, worker_base_env
-from serve.system_metrics import process_rss
 
 if TYPE_CHECKING:
     from serve.metrics import ServerMetrics

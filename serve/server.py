@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -29,6 +27,7 @@ from serve.metrics import ServerMetrics
 from serve.metrics_config import load_policy
 from serve.registry import Registry
 from serve.server_choice import resolve_http_server
+from serve.startup_report import StartupReport
 from serve.update_metrics import UpdateCollector
 from serve.watcher import StoreWatcher
 
@@ -55,6 +54,8 @@ class Server:
         self.watcher: StoreWatcher | None = None
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.addresses: dict[str, str] = {}
+        self.startup = StartupReport()  # told to `serve start` through the server record
+        self.tls: Any = None  # serve.tls.TlsFiles when any address is https
 
     def _bind(self) -> dict[str, Any]:
         sockets = {}
@@ -62,12 +63,13 @@ class Server:
         if self.config.enable_metrics_api:
             names.append("metrics")
         for name in names:
-            host, port = host_port(getattr(self.config, f"{name}_address"))
-            sock = bind_socket(host, port)
+            address = getattr(self.config, f"{name}_address")
+            host, port = host_port(address)
+            sock = _bind_named(name, address, host, port)
             sockets[name] = sock
             bound = sock.getsockname()[1]
             shown = f"[{host}]" if ":" in host else host
-            self.addresses[name] = f"http://{shown}:{bound}"
+            self.addresses[name] = f"{_scheme(address)}://{shown}:{bound}"
         return sockets
 
     def _apps(self) -> dict[str, Any]:
@@ -83,6 +85,7 @@ class Server:
         if self.state.auth is not None:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
+        apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
         # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.
         limit = self.config.max_request_size
@@ -103,8 +106,10 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop)
         sockets = self._bind()
+        self.tls = _server_tls(self.config, self.work_dir)
         apps = self._apps()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
+        tls = [self.tls if self.addresses[name].startswith("https:") else None for name in sockets]
         self._write_state_file()
         logger.info(
             "Lantern %s listening: %s",
@@ -122,6 +127,7 @@ class Server:
                 self.stop_event,
                 self.config.drain_timeout,
                 drained=drained,
+                tls=tls,
             )
         finally:
             self.stop_event.set()
@@ -195,13 +201,39 @@ class Server:
         from serve.snapshot import SnapshotStore
 
         snapshots = SnapshotStore(Path(self.config.log_dir) / "config")
+        found = snapshots.newest() if self.restore_snapshot and self.config.snapshot else None
+        if found is not None:
+            await self._restore(snapshots, *found)
+        else:
+            await self._load_models()
         if self.config.snapshot:
+            if self.startup.failed:
+                # A snapshot of a start that went wrong (a missing archive, a model that does not
+                # load) would replace the good one and poison the next start.
+                logger.warning("Not writing a config snapshot: some startup models did not load")
+            else:
+                snapshots.save(self.registry, self.config)
             self.registry.listeners.append(lambda: snapshots.save(self.registry, self.config))
-        if self.restore_snapshot and self.config.snapshot:
-            state = snapshots.latest()
-            if state is not None:
-                await snapshots.restore(self.registry, state)
-                return
+
+    async def _restore(self, snapshots: Any, path: Path, data: dict[str, Any]) -> None:
+        """TorchServe's rule: without a config file, the last snapshot replaces ``--models``."""
+        failures: list[tuple[str, str]] = []
+        restored = await snapshots.restore(self.registry, data, failures)
+        self.startup.snapshot = str(path.resolve())
+        self.startup.restored = [f"{m.name} {m.version}" for m in restored]
+        self.startup.unused_models = list(self.config.load_models)
+        if self.startup.unused_models:
+            logger.warning(
+                "Models %s were not loaded: the config snapshot %s was restored instead",
+                ",".join(self.startup.unused_models),
+                path,
+            )
+        for model, reason in failures:
+            self.startup.fail(model, reason)
+            if not any(f"{m.name} {m.version}" == model for m in restored):
+                self.state.startup_failures.append(model)  # never registered: /ping says so
+
+    async def _load_models(self) -> None:
         # A model that fails to load stays registered, so /ping reports it (TorchServe's /ping
         # stays blind to such failures).
         models = []
@@ -216,36 +248,35 @@ class Server:
             except ServeError as exc:
                 logger.error("Failed to load model %s at startup: %s", spec, exc.message)
                 self.state.startup_failures.append(spec)
+                self.startup.fail(spec, exc.message)
         results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
         for model, result in zip(models, results, strict=True):
             if isinstance(result, Exception):
                 logger.error(
                     "Model %s version %s failed to load: %s", model.name, model.version, result
                 )
-        if self.config.snapshot:
-            snapshots.save(self.registry, self.config)
+                self.startup.fail(f"{model.name} {model.version}", str(result))
 
     def _write_state_file(self) -> None:
+        from serve import server_record
+
         if self.state_file is None:
             return
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
         data = {
-            "pid": os.getpid(),
             "addresses": self.addresses,
             "key_file": str(self.state.auth.key_file) if self.state.auth else None,
             "log_dir": str(Path(self.config.log_dir).resolve()),
             "started": not self.state.starting,
+            "startup": self.startup.as_dict(),
+            "certificate_file": str(self.tls.certfile) if self.tls else None,
         }
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.state_file)
+        server_record.write(self.state_file, data)
 
     def _remove_state_file(self) -> None:
+        from serve import server_record
+
         if self.state_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                data = json.loads(self.state_file.read_text())
-                if data.get("pid") == os.getpid():
-                    self.state_file.unlink()
+            server_record.remove_own(self.state_file)
 
 
 def expand_models(specs: list[str], model_store: str | None) -> list[str]:
@@ -272,3 +303,40 @@ def _store_archives(model_store: str | None) -> list[str]:
         elif entry.is_dir() and (entry / "MAR-INF" / "MANIFEST.json").is_file():
             found.append(entry.name)
     return found
+
+
+class ListenError(OSError):
+    """An address that cannot be listened on; the message names it."""
+
+
+def _bind_named(name: str, address: str, host: str, port: int) -> Any:
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        error = ListenError(f"Cannot listen on {name} address {address}: {reason}")
+        error.errno = exc.errno
+        raise error from exc
+
+
+def _scheme(address: str) -> str:
+    return "https" if address.strip().lower().startswith("https://") else "http"
+
+
+def _server_tls(config: Config, work_dir: Path) -> Any:
+    """The certificate and key for the https listeners (serve.tls), or None when none is https."""
+    addresses = [config.inference_address, config.management_address, config.metrics_address]
+    if not any(_scheme(a) == "https" for a in addresses):
+        return None
+    from serve.tls import server_tls_files
+
+    return server_tls_files(config, work_dir)
+
+
+def _with_cors(apps: dict[str, Any], config: Config) -> dict[str, Any]:
+    from serve.cors import CorsPolicy
+
+    policy = CorsPolicy.from_config(config)
+    if policy is None:
+        return apps
+    return {name: policy.wrap(app) for name, app in apps.items()}

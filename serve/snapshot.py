@@ -70,6 +70,11 @@ class SnapshotStore:
 
     def latest(self) -> dict[str, Any] | None:
         """The newest snapshot that reads and validates; corrupt ones are logged and skipped."""
+        found = self.newest()
+        return found[1] if found else None
+
+    def newest(self) -> tuple[Path, dict[str, Any]] | None:
+        """`latest` with the file it came from."""
         if not self.folder.is_dir():
             return None
         for path in sorted(self.folder.glob("*-snapshot.json"), reverse=True):
@@ -80,15 +85,22 @@ class SnapshotStore:
                 logger.error("Skipping corrupt snapshot %s: %s", path, exc)
                 continue
             logger.info("Using config snapshot %s", path)
-            return data
+            return path, data
         return None
 
-    async def restore(self, registry: Registry, data: dict[str, Any]) -> list[ModelVersion]:
+    async def restore(
+        self,
+        registry: Registry,
+        data: dict[str, Any],
+        failures: list[tuple[str, str]] | None = None,
+    ) -> list[ModelVersion]:
         """Register every version in ``data`` with its settings, worker count and default.
 
-        Versions load in parallel; one that fails is logged and left out. One snapshot is written
-        when all are done (not one per version, which could leave a partial newest snapshot).
+        Versions load in parallel; one that fails is logged and left out, and added to
+        ``failures`` as ``("name version", reason)``. One snapshot is written when all are done
+        (not one per version, which could leave a partial newest snapshot).
         """
+        failed = failures if failures is not None else []
         models = data["model_snapshot"]["models"]
         logger.info("Restoring %d model(s) from the config snapshot", len(models))
         restored: list[ModelVersion] = []
@@ -110,6 +122,7 @@ class SnapshotStore:
                         )
                     except Exception as exc:  # one bad entry must not stop the others
                         logger.error("Could not restore %s version %s: %s", name, version, exc)
+                        failed.append((f"{name} {version}", getattr(exc, "message", str(exc))))
                         continue
                     if model.version != version:
                         logger.warning(
@@ -130,6 +143,7 @@ class SnapshotStore:
                     model.version,
                     result,
                 )
+                failed.append((f"{model.name} {model.version}", str(result)))
         registry.changed()
         return restored
 

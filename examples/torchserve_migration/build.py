@@ -1,8 +1,9 @@
 """Build ``classifier.mar`` the way a TorchServe user does: with ``torch-model-archiver``.
 
 The weights are the pretrained EfficientNet-Lite0 traced to TorchScript (``classifier.pt``); the
-archive is then made by running Lantern's ``torch-model-archiver`` command with the same flags
-TorchServe's documentation uses:
+archive is then made by running ``torch-model-archiver`` (TorchServe's own, installed by the dev
+extra) or, without it, Lantern's ``model-archiver`` with the same flags TorchServe's documentation
+uses:
 
     torch-model-archiver --model-name classifier --version 1.0 \\
         --serialized-file classifier.pt --handler ts_handler.py \\
@@ -38,12 +39,14 @@ def pretrained_model() -> torch.nn.Module:
 
 
 def archiver_command() -> str:
-    """The ``torch-model-archiver`` beside this Python, else the one on PATH."""
-    beside = Path(sys.executable).parent / "torch-model-archiver"
-    found = str(beside) if beside.exists() else shutil.which("torch-model-archiver")
-    if found is None:
-        sys.exit("torch-model-archiver not found: install Lantern (pip install -e .) first")
-    return found
+    """TorchServe's ``torch-model-archiver`` (the dev extra installs it), else Lantern's
+    ``model-archiver``, which takes the same flags; beside this Python first, then on PATH."""
+    for name in ("torch-model-archiver", "model-archiver"):
+        beside = Path(sys.executable).parent / name
+        found = str(beside) if beside.exists() else shutil.which(name)
+        if found is not None:
+            return found
+    sys.exit("model-archiver not found: install Lantern (pip install -e .) first")
 
 
 def build(model_store: Path) -> Path:

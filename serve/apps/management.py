@@ -32,7 +32,10 @@ from serve.json_input import parse_json
 from serve.model import ModelVersion
 from serve.openapi import management_description
 
-_MODEL_API_OFF = "Requested method is not allowed, please refer to API document."
+_MODEL_API_OFF = (
+    "Requested method is not allowed, please refer to API document. "
+    "Registering and unregistering models is off: start the server with --enable-model-api."
+)
 _IN_PROGRESS = "Workers scaling in progress..."
 _ACCEPTED = "Processing worker updates..."
 # Register parameters that are model settings: (parameter, ModelSettings attribute, minimum).

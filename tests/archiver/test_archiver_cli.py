@@ -216,3 +216,12 @@ def test_archiver_never_imports_torch() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_no_arguments_prints_the_usage() -> None:
+    code, err = run_cli([])
+    assert code == 2
+    lines = err.splitlines()
+    assert lines[0].startswith("Usage: ") and lines[0].endswith(" [OPTIONS]")
+    assert any(line.strip().startswith("--model-name TEXT") for line in lines)
+    assert lines[-1] == "model-archiver: error: Missing option '--model-name'."

@@ -139,7 +139,9 @@ def test_model_api_is_off_by_default(server: LanternServer) -> None:
         assert response.json() == {
             "code": 405,
             "type": "MethodNotAllowedException",
-            "message": "Requested method is not allowed, please refer to API document.",
+            "message": "Requested method is not allowed, please refer to API document. "
+            "Registering and unregistering models is off: start the server with "
+            "--enable-model-api.",
         }
     # Scaling and describing are not part of the model API: they stay available.
     scaled = httpx.put(

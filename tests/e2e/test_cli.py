@@ -93,7 +93,7 @@ def test_bad_config_is_a_one_line_error(tmp_path: Path) -> None:
     result = serve(
         "start", "--config", str(bad), "--pid-file", str(tmp_path / "s.json"), cwd=tmp_path
     )
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "batch_sise" in result.stderr
 
 
@@ -124,9 +124,11 @@ def test_start_reports_a_model_that_does_not_load(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     try:
-        assert result.returncode != 0
-        assert "not every model loaded" in result.stderr
+        assert result.returncode == 5
         info = json.loads(state.read_text())
+        assert f"Error: Lantern (pid {info['pid']}) is running, but 1 model did not load:" in (
+            result.stderr.splitlines()
+        )
         assert pid_alive(info["pid"])  # like torchserve, the server itself keeps running
         ping = httpx.get(f"{info['addresses']['inference']}/ping")
         assert ping.status_code == 500

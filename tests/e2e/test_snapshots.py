@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.support.server import LanternServer, echo_archive
 
@@ -55,10 +54,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory, listener: dict[str, Any]) ->
     store.mkdir()
     echo_archive(store)
     echo_archive(root, version="2.0").rename(store / "echo-v2.mar")
-    config = root / "lantern.yaml"
-    config.write_text(yaml.safe_dump({"allowed_urls": [re.escape(listener["url"])]}))
-    args = ["--enable-model-api", "--config", str(config)]
-    return {"root": root, "store": store, "args": args, "snapshots": root / "logs" / "config"}
+    # Not a config file: with --config or --ts-config, a start restores no snapshot (TorchServe).
+    env = {"LANTERN_ALLOWED_URLS": json.dumps([re.escape(listener["url"])])}
+    args = ["--enable-model-api"]
+    return {
+        "root": root,
+        "store": store,
+        "args": args,
+        "env": env,
+        "snapshots": root / "logs" / "config",
+    }
 
 
 def snapshot_files(folder: Path) -> list[Path]:
@@ -96,7 +101,7 @@ def test_snapshot_restores_models_versions_default_and_workers(
     root, store, folder = setup["root"], setup["store"], setup["snapshots"]
 
     # ----- first run: build the state -----------------------------------------------------
-    first = LanternServer(root, store, args=setup["args"], snapshots=True).start()
+    first = LanternServer(root, store, args=setup["args"], env=setup["env"], snapshots=True).start()
     try:
         api = httpx.Client(base_url=first.management, timeout=60)
         calls = [
@@ -146,7 +151,11 @@ def test_snapshot_restores_models_versions_default_and_workers(
     # ----- second run: restored from the snapshot ------------------------------------------
     console = root / "console.log"
     seen = console.stat().st_size
-    second = LanternServer(root, store, args=setup["args"], snapshots=True).start()
+    before_second = snapshot_files(folder)
+    # ghost cannot be restored: /ping says Unhealthy, as for a --models entry that fails.
+    second = LanternServer(root, store, args=setup["args"], env=setup["env"], snapshots=True).start(
+        healthy=False
+    )
     try:
 
         def restored() -> bool:
@@ -158,6 +167,7 @@ def test_snapshot_restores_models_versions_default_and_workers(
             )
 
         wait_for(restored)
+        assert second.ping() == 500
         echo = describe_all(second, "echo")
         assert (echo["1.0"]["minWorkers"], echo["1.0"]["maxWorkers"]) == (2, 3)
         assert (echo["1.0"]["batchSize"], echo["2.0"]["batchSize"]) == (4, 1)
@@ -177,11 +187,20 @@ def test_snapshot_restores_models_versions_default_and_workers(
         log = console.read_bytes()[seen:].decode(errors="replace")
         assert log.count("Skipping corrupt snapshot") == 2
         assert "Could not restore ghost" in log
-        # One snapshot after the restore, holding what is really served (no ghost).
-        newest = max(
-            (p for p in snapshot_files(folder) if not p.name.startswith("9999")),
-            key=lambda p: p.name,
+        # A restore that lost a model (ghost) writes no snapshot: one without ghost would
+        # replace the newest good one and drop ghost from every later start.
+        assert "Not writing a config snapshot" in log
+        assert snapshot_files(folder) == before_second
+        # The next change through the API is the user's own: it is written.
+        scaled = httpx.put(
+            f"{second.management}/models/idle",
+            params={"min_worker": 1, "synchronous": "true"},
+            timeout=60,
         )
+        assert scaled.status_code == 200, scaled.text
+        written = [p for p in snapshot_files(folder) if p not in before_second]
+        assert written, "the change after the restore was not written"
+        newest = written[-1]
         state = json.loads(newest.read_text())["model_snapshot"]
         assert sorted(state["models"]) == ["dl", "echo", "idle"]
         assert state["models"]["echo"]["2.0"]["defaultVersion"] is True
@@ -189,7 +208,9 @@ def test_snapshot_restores_models_versions_default_and_workers(
         second.stop()
 
     # ----- third run: --ncs restores nothing --------------------------------------------------
-    third = LanternServer(root, store, args=setup["args"], snapshots=False).start()
+    third = LanternServer(
+        root, store, args=setup["args"], env=setup["env"], snapshots=False
+    ).start()
     try:
         time.sleep(1.0)  # the restore would have started by now
         assert httpx.get(f"{third.management}/models").json() == {"models": []}
