@@ -83,6 +83,7 @@ def main() -> None:
     default=None,
     help="Level of the server and model logs (default INFO).",
 )
+@click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help="Where the running server's pid and ports are kept.")
 @click.option(
@@ -127,6 +128,8 @@ def _load_config(options: dict[str, Any]) -> Config:
         overrides["load_models"] = list(options["models"])
     if options["ncs"]:
         overrides["snapshot"] = False
+    if options["no_grpc"]:
+        overrides["enable_grpc"] = False
     return Config.load(
         config_file=options["config_file"],
         ts_config_file=options["ts_config_file"],

@@ -70,6 +70,16 @@ class Config:
     worker_restart_max_backoff: float = 30.0
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
+    # gRPC (serve/grpc), TorchServe's keys; addresses are IPs, ports separate (0 picks a free one).
+    enable_grpc: bool = True
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070
+    grpc_management_address: str = "127.0.0.1"
+    grpc_management_port: int = 7071
+    enable_grpc_ssl: bool = False
+    private_key_file: str | None = None  # PEM; TorchServe's key, shared with HTTPS
+    certificate_file: str | None = None  # PEM; TorchServe's key, shared with HTTPS
+    ts_open_inference_protocol: bool | None = None  # OIP over gRPC; unset: on (Lantern's default)
 
     @classmethod
     def load(
@@ -114,6 +124,14 @@ class Config:
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if (
+            self.enable_grpc
+            and self.enable_grpc_ssl
+            and not (self.private_key_file and self.certificate_file)
+        ):
+            raise ConfigError(
+                "Config 'enable_grpc_ssl' needs 'private_key_file' and 'certificate_file'"
+            )
         for key in ("job_queue_size", "batch_size", "max_request_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")

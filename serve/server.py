@@ -87,6 +87,7 @@ class Server:
             loop.add_signal_handler(sig, self.stop)
         sockets = self._bind()
         apps = self._apps()
+        grpc_servers = await self._start_grpc()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
         self._write_state_file()
         logger.info(
@@ -106,6 +107,8 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
             await drainer
+            if grpc_servers is not None:
+                await grpc_servers.wait_stopped()
             await self.registry.stop()
             for sock in sockets.values():
                 with contextlib.suppress(OSError):
@@ -118,6 +121,17 @@ class Server:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             logger.info("Lantern stopped")
+
+    async def _start_grpc(self) -> Any:
+        """TorchServe's gRPC listeners (``serve/grpc``), unless ``enable_grpc`` is off."""
+        if not self.config.enable_grpc:
+            return None
+        from serve.grpc.server import GrpcServers
+
+        servers = GrpcServers(self.state, self.stop_event)
+        await servers.start()
+        self.addresses.update(servers.addresses)
+        return servers
 
     def stop(self) -> None:
         if not self.stop_event.is_set():
