@@ -74,6 +74,7 @@ class Server:
         if self.state.auth is not None:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
+        apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too.
         return {
             name: AccessLog(app, self.metrics, resolve_default=name == "inference")
@@ -121,6 +122,12 @@ class Server:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             logger.info("Lantern stopped")
+
+    def _answer_grpc_clients(self, apps: dict[str, Any]) -> dict[str, Any]:
+        """A gRPC client on an HTTP port gets a gRPC error naming the gRPC address."""
+        from serve.grpc.http_port import GrpcOnHttp
+
+        return {name: GrpcOnHttp(app, self.addresses, name) for name, app in apps.items()}
 
     async def _start_grpc(self) -> Any:
         """TorchServe's gRPC listeners (``serve/grpc``), unless ``enable_grpc`` is off."""
