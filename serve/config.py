@@ -257,7 +257,6 @@ _TS_IGNORED = {
     "models",
     "model_snapshot",
     "service_envelope",
-    "ts_open_inference_protocol",
     "use_env_allowed_urls",
 }
 _TS_RENAMED = {"default_response_timeout": "default_response_timeout"}
