@@ -212,9 +212,9 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
         if state and health == 200:
             click.echo(f"Lantern is running (pid {proc.pid}).")
             for name, address in state["addresses"].items():
-                click.echo(f"  {name:<10} {address}")
+                click.echo(f"  {name:<15} {address}")
             if state.get("key_file"):
-                click.echo(f"  tokens     {state['key_file']}")
+                click.echo(f"  tokens          {state['key_file']}")
             return
         time.sleep(0.2)
     raise click.ClickException(

@@ -118,7 +118,9 @@ class InferenceService:
         if not request.model_name:
             raise BadRequest("Parameter model_name is required.")
         call.label(request.model_name, request.model_version or None)
-        return self.registry.get(request.model_name, request.model_version or None)
+        model = self.registry.get(request.model_name, request.model_version or None)
+        call.label(model.name, model.version)  # the access log names the version that served
+        return model
 
     async def _run(
         self,

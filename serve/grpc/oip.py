@@ -122,4 +122,6 @@ class OipService:
         if not name:
             raise BadRequest("a model name is required")
         call.label(name, version or None)
-        return self.registry.get(name, version or None)
+        model = self.registry.get(name, version or None)
+        call.label(model.name, model.version)
+        return model

@@ -178,3 +178,21 @@ def test_kserve_descriptor_is_torchserves_under_package_inference() -> None:
     # Same fields and numbers as TorchServe's message: one wire format for both names.
     ts = pb.ModelInferRequest.DESCRIPTOR
     assert [(f.name, f.number) for f in infer.fields] == [(f.name, f.number) for f in ts.fields]
+
+
+def test_committed_generated_code_is_current() -> None:
+    """``serve/grpc/gen`` is what ``python -m serve.grpc.generate`` makes of the vendored protos."""
+    import subprocess
+    import sys
+
+    from tests.support.server import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "serve.grpc.generate", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "up to date" in done.stdout

@@ -426,7 +426,7 @@ def test_calls_are_in_the_access_log_with_the_protocol(
         if "logged-grpc-call" in line
     )
     assert "InferenceAPIsService/Predictions" in line and " OK " in line
-    assert "model=echo" in line and "protocol=grpc" in line
+    assert "model=echo version=1.0" in line and "protocol=grpc" in line
 
 
 # ----- helpers ---------------------------------------------------------------------------------
