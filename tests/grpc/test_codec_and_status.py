@@ -196,3 +196,45 @@ def test_committed_generated_code_is_current() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "up to date" in done.stdout
+
+
+def test_kserve_descriptor_matches_kserves_own_proto(tmp_path) -> None:
+    """The served ``inference.GRPCInferenceService`` equals KServe's grpc_predict_v2.proto."""
+    import subprocess
+    import sys
+
+    from google.protobuf import descriptor_pb2
+
+    from tests.support.server import REPO
+
+    out = tmp_path / "kserve.binpb"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{REPO / 'serve' / 'grpc' / 'protos' / 'kserve'}",
+            f"--descriptor_set_out={out}",
+            "grpc_predict_v2.proto",
+        ],
+        check=True,
+    )
+    kserve = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+    ours = kserve_file()
+
+    def shape(messages) -> list:
+        return [
+            (
+                m.name,
+                [(f.name, f.number, f.type, f.label, f.type_name) for f in m.field],
+                shape(m.nested_type),
+                [o.name for o in m.oneof_decl],
+            )
+            for m in messages
+        ]
+
+    assert kserve.package == ours.package == "inference"
+    assert shape(kserve.message_type) == shape(ours.message_type)
+    assert [(m.name, m.input_type, m.output_type) for s in kserve.service for m in s.method] == [
+        (m.name, m.input_type, m.output_type) for s in ours.service for m in s.method
+    ]
