@@ -66,12 +66,14 @@ class Call:
 
 
 def _start(context: grpc.aio.ServicerContext, method: str) -> Call:
+    """The call's metadata and request id; the id goes back in the trailers, as HTTP's header."""
     metadata: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
         if isinstance(value, str):
             metadata[key] = value
     given = metadata.get("x-request-id", "")
     rid = given if 0 < len(given) <= 128 and given.isprintable() else str(uuid.uuid4())
+    context.set_trailing_metadata((("x-request-id", rid),))
     return Call(context, method, rid, metadata)
 
 
@@ -176,7 +178,6 @@ class Methods:
     async def _abort(self, call: Call, err: ServeError) -> None:
         """End the call with ``err``'s status; raises ``grpc.aio.AbortError``, as abort does."""
         call.http_status = err.status_code
-        call.context.set_trailing_metadata((("x-request-id", call.request_id),))
         await call.context.abort(getattr(grpc.StatusCode, grpc_code_for(err)), err.message)
 
     def _done(self, call: Call, code: str) -> None:

@@ -108,7 +108,8 @@ def test_predictions_runs_the_handler_with_the_call_metadata(
     inference: Any, ts: SimpleNamespace, inf_md
 ) -> None:
     md = (*inf_md, ("x-request-id", "grpc-rid-1"))
-    reply = inference.Predictions(predict(ts, "headers", b"hello"), metadata=md)
+    reply, call = inference.Predictions.with_call(predict(ts, "headers", b"hello"), metadata=md)
+    assert dict(call.trailing_metadata())["x-request-id"] == "grpc-rid-1"
     answer = json.loads(reply.prediction)
     assert answer["input"] == "hello"
     assert answer["headers"]["x-request-id"] == "grpc-rid-1"
@@ -137,8 +138,11 @@ def test_predictions_errors(
 
 
 def test_unknown_model_message(inference: Any, ts: SimpleNamespace, inf_md) -> None:
-    _, details = code_of(inference.Predictions, predict(ts, "nope", b"x"), metadata=inf_md)
-    assert details == "Model not found: nope"
+    with pytest.raises(grpc.RpcError) as info:
+        inference.Predictions(predict(ts, "nope", b"x"), metadata=inf_md)
+    assert info.value.details() == "Model not found: nope"
+    rid = dict(info.value.trailing_metadata())["x-request-id"]  # a new one, as HTTP answers
+    assert re.fullmatch(r"[0-9a-f-]{36}", rid)
 
 
 def test_stream_predictions_sends_each_intermediate_response(
