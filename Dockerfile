@@ -36,13 +36,15 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     LANTERN_INFERENCE_ADDRESS=http://0.0.0.0:8080 \
     LANTERN_MANAGEMENT_ADDRESS=http://0.0.0.0:8081 \
-    LANTERN_METRICS_ADDRESS=http://0.0.0.0:8082
+    LANTERN_METRICS_ADDRESS=http://0.0.0.0:8082 \
+    LANTERN_GRPC_INFERENCE_ADDRESS=0.0.0.0 \
+    LANTERN_GRPC_MANAGEMENT_ADDRESS=0.0.0.0
 # Numeric, so that runtimes enforcing non-root (Kubernetes runAsNonRoot) can verify it.
 USER 10001:10001
 WORKDIR /home/lantern
 RUN mkdir model_store logs
 VOLUME ["/home/lantern/model_store"]
-EXPOSE 8080 8081 8082
+EXPOSE 8080 8081 8082 7070 7071
 
 # /ping never needs a token; it answers 500 while a model lacks its minimum of ready workers.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \

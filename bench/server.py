@@ -34,6 +34,9 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes, dict[str, str]]:
         return 0, b"", {}
 
 
+_GRPC_FREE_PORTS = {"LANTERN_GRPC_INFERENCE_PORT": "0", "LANTERN_GRPC_MANAGEMENT_PORT": "0"}
+
+
 class _Process:
     """A subprocess whose console goes to ``<work>/<name>.log``."""
 
@@ -47,8 +50,15 @@ class _Process:
     def _spawn(self, cmd: list[str]) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # gRPC on free ports (read back from the state file), never TorchServe's 7070/7071.
+            env = {**_GRPC_FREE_PORTS, **os.environ}
             self.proc = subprocess.Popen(
-                cmd, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                cmd,
+                cwd=self.cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
 
     @property

@@ -30,6 +30,8 @@ class JobQueue:
 
     def put(self, job: Job, *, front: bool = False) -> None:
         if not front and len(self._jobs) >= self.capacity:
+            self._jobs = deque(j for j in self._jobs if not j.done)  # cancelled ones hold no slot
+        if not front and len(self._jobs) >= self.capacity:
             raise TooManyRequests("Model queue is full; retry later.", headers={"Retry-After": "1"})
         loop = asyncio.get_running_loop()
         if job.timer is None:

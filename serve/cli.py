@@ -107,6 +107,7 @@ def main() -> None:
     default=None,
     help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
 )
+@click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
 @click.option(
@@ -161,6 +162,8 @@ def _load_config(options: dict[str, Any]) -> Config:
         overrides["load_models"] = list(options["models"])
     if options["ncs"]:
         overrides["snapshot"] = False
+    if options["no_grpc"]:
+        overrides["enable_grpc"] = False
     return Config.load(
         config_file=options["config_file"],
         ts_config_file=options["ts_config_file"],

@@ -104,6 +104,15 @@ class Config:
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
+    # gRPC (serve/grpc), TorchServe's keys; addresses are IPs, ports separate (0 picks a free one).
+    enable_grpc: bool = True
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070
+    grpc_management_address: str = "127.0.0.1"
+    grpc_management_port: int = 7071
+    enable_grpc_ssl: bool = False
+    # private_key_file / certificate_file (PEM, above) serve gRPC's TLS too, as in TorchServe.
+    ts_open_inference_protocol: bool | None = None  # OIP over gRPC; unset: on (Lantern's default)
 
     @classmethod
     def load(
@@ -150,6 +159,14 @@ class Config:
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if self.worker_spares < 0:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
+        if (
+            self.enable_grpc
+            and self.enable_grpc_ssl
+            and not (self.private_key_file and self.certificate_file)
+        ):
+            raise ConfigError(
+                "Config 'enable_grpc_ssl' needs 'private_key_file' and 'certificate_file'"
+            )
         for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
@@ -284,7 +301,6 @@ _TS_IGNORED = {
     "models",
     "model_snapshot",
     "service_envelope",
-    "ts_open_inference_protocol",
     "use_env_allowed_urls",
 }
 _TS_RENAMED = {"default_response_timeout": "default_response_timeout"}

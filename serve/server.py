@@ -86,6 +86,7 @@ class Server:
             apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
             apps["management"] = self.state.auth.guard(apps["management"], "management")
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
+        apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
         # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.
         limit = self.config.max_request_size
@@ -108,6 +109,7 @@ class Server:
         sockets = self._bind()
         self.tls = _server_tls(self.config, self.work_dir)
         apps = self._apps()
+        grpc_servers = await self._start_grpc()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
         tls = [self.tls if self.addresses[name].startswith("https:") else None for name in sockets]
         self._write_state_file()
@@ -136,6 +138,8 @@ class Server:
                 await loader
             await self._stop_watching(watching)
             await drainer
+            if grpc_servers is not None:
+                await grpc_servers.wait_stopped()
             await self.registry.stop()
             for sock in sockets.values():
                 with contextlib.suppress(OSError):
@@ -148,6 +152,23 @@ class Server:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             logger.info("Lantern stopped")
+
+    def _answer_grpc_clients(self, apps: dict[str, Any]) -> dict[str, Any]:
+        """A gRPC client on an HTTP port gets a gRPC error naming the gRPC address."""
+        from serve.grpc.http_port import GrpcOnHttp
+
+        return {name: GrpcOnHttp(app, self.addresses, name) for name, app in apps.items()}
+
+    async def _start_grpc(self) -> Any:
+        """TorchServe's gRPC listeners (``serve/grpc``), unless ``enable_grpc`` is off."""
+        if not self.config.enable_grpc:
+            return None
+        from serve.grpc.server import GrpcServers
+
+        servers = GrpcServers(self.state, self.stop_event)
+        await servers.start()
+        self.addresses.update(servers.addresses)
+        return servers
 
     def stop(self) -> None:
         if not self.stop_event.is_set():

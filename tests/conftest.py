@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every server a test starts (by the helper or by `serve start`) serves gRPC on free ports, never
+# on TorchServe's 7070/7071, which other test runs on this machine may hold.
+os.environ.setdefault("LANTERN_GRPC_INFERENCE_PORT", "0")
+os.environ.setdefault("LANTERN_GRPC_MANAGEMENT_PORT", "0")
 
 from tests.support.server import DATA
 

@@ -9,8 +9,6 @@ false for scale; ``initial_workers`` defaults to the archive's ``minWorkers``, e
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -18,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from serve import manage
 from serve.apps.common import (
     EXCEPTION_HANDLERS,
     ServerState,
@@ -25,35 +24,15 @@ from serve.apps.common import (
     parse_bool,
     parse_int,
 )
-from serve.describe import describe_model, failed_versions
-from serve.errors import BadRequest, MethodNotAllowed, error_for_status
+from serve.errors import BadRequest
 from serve.inputs import read_body
 from serve.json_input import parse_json
-from serve.model import ModelVersion
 from serve.openapi import management_description
-
-_MODEL_API_OFF = (
-    "Requested method is not allowed, please refer to API document. "
-    "Registering and unregistering models is off: start the server with --enable-model-api."
-)
-_IN_PROGRESS = "Workers scaling in progress..."
-_ACCEPTED = "Processing worker updates..."
-# Register parameters that are model settings: (parameter, ModelSettings attribute, minimum).
-_SETTINGS = (
-    ("batch_size", "batch_size", 1),
-    ("max_batch_delay", "max_batch_delay", 0),
-    ("response_timeout", "response_timeout", 1),
-    ("startup_timeout", "startup_timeout", 1),
-)
 
 
 def create_management_app(state: ServerState) -> Starlette:
     registry = state.registry
     config = state.config
-
-    def require_model_api() -> None:
-        if not config.enable_model_api:
-            raise MethodNotAllowed(_MODEL_API_OFF)
 
     async def describe_api(request: Request) -> Response:
         return json_response(management_description(state.version))
@@ -63,72 +42,21 @@ def create_management_app(state: ServerState) -> Starlette:
         return json_response(management_description(state.version))
 
     async def list_models(request: Request) -> Response:
-        # TorchServe's ApiUtils.getModelList: out-of-range values fall back, they do not fail.
         limit = parse_int(request.query_params, "limit", 100)
-        assert limit is not None
-        if limit <= 0 or limit > 100:  # 0 too: a page of nothing would never advance
-            limit = 100
-        offset = max(parse_int(request.query_params, "next_page_token", 0) or 0, 0)
-        names = sorted(registry.models)
-        body: dict[str, Any] = {}
-        if offset + limit < len(names):
-            body["nextPageToken"] = str(offset + limit)
-        body["models"] = [
-            {"modelName": n, "modelUrl": registry.models[n].default.source.url}
-            for n in names[offset : offset + limit]
-        ]
-        return json_response(body)
+        token = parse_int(request.query_params, "next_page_token", 0)
+        return json_response(manage.list_models(registry, limit, token))
 
     async def register(request: Request) -> Response:
-        require_model_api()
+        manage.require_model_api(config)
         params = await _register_params(request, config.max_request_size)
-        url = _text(params.get("url"))
-        if not url:
-            raise BadRequest("Parameter url is required.")
-        settings: dict[str, Any] = {}
-        for param, key, minimum in _SETTINGS:
-            value = _optional_int(params, param, minimum)
-            if value is not None:
-                settings[key] = value
-        workers = _optional_int(params, "initial_workers", 0)
-        synchronous = parse_bool(_text(params.get("synchronous")) or None, True)
-        model = await registry.register(
-            url,
-            model_name=_text(params.get("model_name")) or None,
-            handler=_text(params.get("handler")) or None,
-            runtime=_text(params.get("runtime")) or None,
-            initial_workers=workers,
-            synchronous=synchronous,
-            settings=settings,
-            fallback_workers=config.default_workers_per_model,
-        )
-        requested = model.min_workers
-        if requested == 0:
-            return _status(
-                f'Model "{model.name}" Version: {model.version} registered with 0 initial workers.'
-                " Use scale workers API to add workers for the model."
-            )
-        if not synchronous:
-            return _status(_ACCEPTED, 202)
-        if model.ready_workers() < requested:
-            return _status(_IN_PROGRESS, 206)
-        return _status(
-            f'Model "{model.name}" Version: {model.version} registered with '
-            f"{requested} initial workers"
-        )
+        reply = await manage.register_model(registry, config, params, synchronous_default=True)
+        return _status(reply)
 
     async def describe(request: Request) -> Response:
         name = request.path_params["model"]
         version = request.path_params.get("version")
         customized = parse_bool(request.query_params.get("customized"), False)
-        failures = failed_versions(registry.failures.get(name, {}))
-        if version == "all":  # TorchServe ignores customized=true here too
-            return json_response([describe_model(m) | failures for m in registry.versions(name)])
-        model = registry.get(name, version)
-        data = describe_model(model) | failures
-        if customized:
-            data["customizedMetadata"] = await _customized(model)
-        return json_response([data])
+        return json_response(await manage.describe(registry, name, version, customized=customized))
 
     async def scale(request: Request) -> Response:
         name = request.path_params["model"]
@@ -138,27 +66,19 @@ def create_management_app(state: ServerState) -> Starlette:
         max_worker = parse_int(params, "max_worker", min_worker)
         synchronous = parse_bool(params.get("synchronous"), False)
         assert min_worker is not None
-        model = await registry.scale(name, version, min_worker, max_worker, synchronous=synchronous)
-        if not synchronous:
-            return _status(_ACCEPTED, 202)
-        if model.ready_workers() < min_worker:
-            return _status(_IN_PROGRESS, 206)
-        return _status(
-            f"Workers scaled to {min_worker} for model: {model.name}, version: {model.version}"
+        reply = await manage.scale(
+            registry, name, version, min_worker, max_worker, synchronous=synchronous
         )
+        return _status(reply)
 
     async def unregister(request: Request) -> Response:
-        require_model_api()
         name = request.path_params["model"]
-        model = await registry.unregister(name, request.path_params.get("version"))
-        return _status(f'Model "{model.name}" unregistered')
+        version = request.path_params.get("version")
+        return _status(await manage.unregister(registry, config, name, version))
 
     async def set_default(request: Request) -> Response:
-        name = request.path_params["model"]
-        model = await registry.swap_default(name, request.path_params["version"])
-        return _status(
-            f'Default version successfully updated for model "{name}" to "{model.version}"'
-        )
+        path = request.path_params
+        return _status(await manage.set_default(registry, path["model"], path["version"]))
 
     async def readiness(request: Request) -> Response:
         # KServe v1 model readiness, on the management port as in TorchServe; `m:ready` works too.
@@ -184,8 +104,8 @@ def create_management_app(state: ServerState) -> Starlette:
     return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
 
 
-def _status(message: str, code: int = 200) -> Response:
-    return json_response({"status": message}, code)
+def _status(reply: manage.Reply) -> Response:
+    return json_response({"status": reply.message}, reply.status)
 
 
 async def _register_params(request: Request, max_size: int) -> dict[str, Any]:
@@ -200,38 +120,3 @@ async def _register_params(request: Request, max_size: int) -> dict[str, Any]:
                 raise BadRequest("The JSON body must be an object of register parameters.")
             params.update(data)
     return params
-
-
-def _optional_int(params: Mapping[str, Any], name: str, minimum: int) -> int | None:
-    """An integer parameter, or None when absent; -1 means absent, as TorchServe's defaults do."""
-    raw = params.get(name)
-    if isinstance(raw, bool) or isinstance(raw, float) and not raw.is_integer():
-        raise BadRequest(f"Parameter {name} must be an integer, got {raw!r}")
-    value = parse_int(params, name)
-    if value is None or value == -1:
-        return None
-    if value < minimum:
-        raise BadRequest(f"Parameter {name} must be at least {minimum}, got {value}")
-    return value
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).strip()
-
-
-async def _customized(model: ModelVersion) -> str:
-    """Run the handler's ``describe_handle`` on a worker; its output, as text (TorchServe's shape).
-
-    Like TorchServe, a model with no worker answers 503 and a failing handler its error.
-    """
-    from serve.jobs import BatchItem
-
-    item = BatchItem(str(uuid.uuid4()), {"describe": "True"}, [("body", None, b"")])
-    result = await model.submit(item)
-    if result.status >= 400:
-        raise error_for_status(result.status, result.body.decode(errors="replace"))
-    return result.body.decode(errors="replace")

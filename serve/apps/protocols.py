@@ -245,20 +245,7 @@ class _Protocols:
         )
 
     async def metadata(self, model: ModelVersion, rid: str) -> dict[str, Any]:
-        """The model's input/output metadata, asked of a worker once and kept."""
-        if model.protocol_metadata is not None:
-            return model.protocol_metadata
-        item = BatchItem(rid, {PROTOCOL_HEADER: METADATA}, [])
-        try:
-            result = await model.submit(item)
-        except ServeError:
-            declared = model.source.model_config.get("metadata")
-            if isinstance(declared, dict):  # no worker to ask: what the archive declares
-                return declared
-            raise
-        metadata = json.loads(result.body)
-        model.protocol_metadata = metadata
-        return metadata
+        return await model_metadata(model, rid)
 
     # ----- OIP: inference ------------------------------------------------------------------
 
@@ -276,19 +263,10 @@ class _Protocols:
             limit = self.state.config.max_request_elements
             infer = await run_sized(len(body), oip.parse_request, body, length, limit)
             headers = _forward_headers(request, OIP)
-            if infer.outputs is not None:
-                headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
-            if infer.parameters:
-                headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
-            params = [
-                (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw))
-                for t in infer.inputs
-            ]
-            item = BatchItem(rid, headers, params)
+            timeout = _timeout(request, infer.timeout_us)
             # Look again: the default version may have moved (a swap) while the body was read.
             model = self.registry.get(name, version)
-            result = await model.submit(item, _timeout(request, infer.timeout_us))
-            tensors = _tensors(result)
+            tensors = await run_oip(model, rid, headers, infer, timeout)
             payload, extra = await run_sized(
                 sum(len(t.raw) for t in tensors),
                 oip.build_response,
@@ -371,6 +349,45 @@ class _Protocols:
             self.state.metrics.request_done(
                 name, version or "default", status, time.perf_counter() - started
             )
+
+
+async def model_metadata(model: ModelVersion, rid: str) -> dict[str, Any]:
+    """The model's input/output metadata, asked of a worker once and kept (HTTP and gRPC)."""
+    if model.protocol_metadata is not None:
+        return model.protocol_metadata
+    item = BatchItem(rid, {PROTOCOL_HEADER: METADATA}, [])
+    try:
+        result = await model.submit(item)
+    except ServeError:
+        declared = model.source.model_config.get("metadata")
+        if isinstance(declared, dict):  # no worker to ask: what the archive declares
+            return declared
+        raise
+    metadata = json.loads(result.body)
+    model.protocol_metadata = metadata
+    return metadata
+
+
+async def run_oip(
+    model: ModelVersion,
+    rid: str,
+    headers: dict[str, str],
+    infer: oip.InferRequest,
+    timeout: float | None,
+) -> list[Any]:
+    """Submit a parsed OIP request (HTTP or gRPC) to ``model``; its output tensors.
+
+    ``headers`` are the client's, with ``PROTOCOL_HEADER`` set to ``OIP``.
+    """
+    if infer.outputs is not None:
+        headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
+    if infer.parameters:
+        headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
+    params = [
+        (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
+    ]
+    result = await model.submit(BatchItem(rid, headers, params), timeout)
+    return _tensors(result)
 
 
 def _label(request: Request, name: str, version: str | None) -> None:

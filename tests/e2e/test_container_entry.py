@@ -196,7 +196,9 @@ def test_image_is_slim_python_run_by_a_non_root_user() -> None:
     assert re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim|python:3\.\d+-slim", STAGE.base)
     assert STAGE.user and STAGE.user.split(":")[0] not in ("root", "0")
     assert f"{STAGE.workdir}/model_store" in STAGE.volumes
-    assert STAGE.expose == ["8080", "8081", "8082"]
+    assert STAGE.expose == ["8080", "8081", "8082", "7070", "7071"]
+    for api in ("INFERENCE", "MANAGEMENT"):  # gRPC, on every interface too
+        assert STAGE.env[f"LANTERN_GRPC_{api}_ADDRESS"] == "0.0.0.0"
     assert STAGE.entrypoint[:3] == ["serve", "start", "--foreground"]
     assert "/ping" in " ".join(STAGE.healthcheck)
     for api in ("INFERENCE", "MANAGEMENT", "METRICS"):
@@ -206,6 +208,8 @@ def test_image_is_slim_python_run_by_a_non_root_user() -> None:
 def test_binds_every_interface(container: Container) -> None:
     for api in ("inference", "management", "metrics"):
         assert container.state["addresses"][api].startswith("http://0.0.0.0:")
+    for api in ("grpc_inference", "grpc_management"):
+        assert container.state["addresses"][api].startswith("0.0.0.0:")
 
 
 def test_ping_needs_no_token(container: Container) -> None:

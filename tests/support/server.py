@@ -159,6 +159,15 @@ class LanternServer:
         return self.state["addresses"]["metrics"]
 
     @property
+    def grpc_inference(self) -> str:
+        """``host:port`` of the gRPC inference listener."""
+        return self.state["addresses"]["grpc_inference"]
+
+    @property
+    def grpc_management(self) -> str:
+        return self.state["addresses"]["grpc_management"]
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid

@@ -1,0 +1,211 @@
+"""What every gRPC method shares: request ids, headers, deadlines, errors, access log, metrics.
+
+A method is written as ``async def method(call: Call, request) -> response`` (or an async
+generator for a server stream) and raises `ServeError` for failures; `unary` and `server_stream`
+turn it into a ``grpc.aio`` handler that answers the error with its gRPC status
+(``serve/errors_grpc.py``), logs one access line (``protocol=grpc``) and counts the response in
+the server metrics, as the HTTP access log does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from serve.errors import Forbidden, ServeError, Unauthorized
+from serve.errors_grpc import grpc_code_for
+from serve.logs import ACCESS_LOGGER
+from serve.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from serve.auth import TokenAuth
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger(ACCESS_LOGGER)
+
+_FORMAT = '%s "gRPC %s" %s %.2fms model=%s version=%s request_id=%s protocol=grpc'
+# Metadata that is gRPC's own, not the client's: never handed to a handler as a header.
+_TRANSPORT = ("grpc-", ":", "x-lantern-")
+
+
+@dataclass
+class Call:
+    """One RPC in progress: its context, request id and what the access log will say."""
+
+    context: grpc.aio.ServicerContext
+    method: str
+    request_id: str
+    metadata: dict[str, str]
+    model: str | None = None
+    version: str | None = None
+    http_status: int = 200  # what HTTP would have answered; counts Requests2XX/4XX/5XX
+    started: float = field(default_factory=time.perf_counter)
+
+    def headers(self) -> dict[str, str]:
+        """The client's metadata as request headers for the handler (text keys only)."""
+        return {
+            k: v
+            for k, v in self.metadata.items()
+            if not k.endswith("-bin") and not k.startswith(_TRANSPORT)
+        }
+
+    def timeout(self) -> float | None:
+        """Seconds left before the client's deadline: the request's deadline, as for HTTP."""
+        remaining = self.context.time_remaining()
+        return max(remaining, 0.0) if remaining is not None else None
+
+    def label(self, model: str, version: str | None) -> None:
+        self.model, self.version = model, version
+
+
+def _start(context: grpc.aio.ServicerContext, method: str) -> Call:
+    """The call's metadata and request id; the id goes back in the trailers, as HTTP's header."""
+    metadata: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            metadata[key] = value
+    given = metadata.get("x-request-id", "")
+    rid = given if 0 < len(given) <= 128 and given.isprintable() else str(uuid.uuid4())
+    context.set_trailing_metadata((("x-request-id", rid),))
+    return Call(context, method, rid, metadata)
+
+
+class Methods:
+    """Wraps service methods with token auth, error handling, access log and metrics.
+
+    With ``auth``, each call needs ``authorization: Bearer <key>`` with the ``kind`` key
+    (``inference`` or ``management``), checked on every call; a missing or wrong one is
+    PERMISSION_DENIED, as in TorchServe.
+    """
+
+    def __init__(
+        self, metrics: ServerMetrics | None, auth: TokenAuth | None = None, kind: str = ""
+    ) -> None:
+        self.metrics = metrics
+        self.auth = auth
+        self.kind = kind
+
+    def _authorize(self, call: Call) -> None:
+        if self.auth is not None:
+            given = call.metadata.get("authorization", "").encode("latin-1", errors="replace")
+            try:
+                self.auth.check(self.kind, {b"authorization": given})
+            except Unauthorized as err:
+                raise Forbidden(err.message) from None
+
+    def unary(self, method: str, fn: Callable[[Call, Any], Awaitable[Any]]) -> Any:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _start(context, method)
+            code = "OK"
+            try:
+                self._authorize(call)
+                return await fn(call, request)
+            except ServeError as err:
+                code = grpc_code_for(err)
+                await self._abort(call, err)
+            except asyncio.CancelledError:
+                code, call.http_status = "CANCELLED", 499
+                raise
+            except Exception:
+                code = "INTERNAL"
+                await self._abort(call, self._unexpected(call))
+            finally:
+                self._done(call, code)
+
+        return handler
+
+    def server_stream(self, method: str, fn: Callable[[Call, Any], AsyncIterator[Any]]) -> Any:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = _start(context, method)
+            code = "OK"
+            try:
+                self._authorize(call)
+                async for response in fn(call, request):
+                    yield response
+            except ServeError as err:
+                code = grpc_code_for(err)
+                await self._abort(call, err)
+            except asyncio.CancelledError:
+                code, call.http_status = "CANCELLED", 499
+                raise
+            except Exception:
+                code = "INTERNAL"
+                await self._abort(call, self._unexpected(call))
+            finally:
+                self._done(call, code)
+
+        return handler
+
+    def stream_stream(
+        self, method: str, fn: Callable[[Call, AsyncIterator[Any]], AsyncIterator[Any]]
+    ) -> Any:
+        """A bidirectional stream: ``fn`` answers its per-request errors in band itself."""
+
+        async def handler(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            call = _start(context, method)
+            code = "OK"
+            try:
+                self._authorize(call)
+                async for response in fn(call, requests):
+                    yield response
+            except ServeError as err:
+                code = grpc_code_for(err)
+                await self._abort(call, err)
+            except asyncio.CancelledError:
+                code, call.http_status = "CANCELLED", 499
+                raise
+            except Exception:
+                code = "INTERNAL"
+                await self._abort(call, self._unexpected(call))
+            finally:
+                self._done(call, code)
+
+        return handler
+
+    def _unexpected(self, call: Call) -> ServeError:
+        logger.exception("Unhandled error in gRPC request %s", call.request_id)
+        return ServeError(f"Internal server error (request id {call.request_id}).")
+
+    async def _abort(self, call: Call, err: ServeError) -> None:
+        """End the call with ``err``'s status; raises ``grpc.aio.AbortError``, as abort does."""
+        call.http_status = err.status_code
+        await call.context.abort(getattr(grpc.StatusCode, grpc_code_for(err)), err.message)
+
+    def _done(self, call: Call, code: str) -> None:
+        seconds = time.perf_counter() - call.started
+        if self.metrics is not None:
+            self.metrics.response_sent(call.http_status)
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        peer = call.context.peer() or "-"
+        ms = seconds * 1000.0
+        record = access_logger.makeRecord(
+            ACCESS_LOGGER,
+            logging.INFO,
+            "",
+            0,
+            _FORMAT,
+            (peer, call.method, code, ms, call.model or "-", call.version or "-", call.request_id),
+            None,
+        )
+        record.__dict__.update(
+            client=peer,
+            method="gRPC",
+            path=call.method,
+            status=code,
+            latency_ms=round(ms, 3),
+            model=call.model,
+            version=call.version,
+            request_id=call.request_id,
+            protocol="grpc",
+        )
+        access_logger.handle(record)

@@ -1,0 +1,152 @@
+"""Open Inference Protocol gRPC messages <-> the tensors the HTTP OIP path uses (sans-IO).
+
+``request_from_pb`` validates a ``ModelInferRequest`` into ``serve.protocols.oip.InferRequest``
+(raw inputs are only length-checked, never copied into arrays); ``response_to_pb`` answers the
+model's tensors as ``raw_output_contents``, which ``tritonclient.grpc`` decodes for every datatype.
+Typed ``contents`` are read for clients that send them (every datatype but FP16 and BF16, which
+the protocol allows only raw). Problems raise ``BadRequest`` (INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from serve.errors import BadRequest
+from serve.protocols.oip import InferRequest, RequestedOutput, classify
+from serve.protocols.tensors import (
+    NUMPY_DTYPES,
+    TensorError,
+    check_datatype,
+    check_raw,
+    element_count,
+    serialize_bytes,
+)
+from serve.protocols.wire import Tensor
+
+# Datatype -> the InferTensorContents field that carries it typed.
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameters(params: Any) -> dict[str, Any]:
+    """An ``InferParameter`` map as plain values (bool, int or str)."""
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        if choice is None:
+            raise BadRequest(f"parameter '{key}' has no value")
+        out[key] = getattr(param, choice)
+    for key in ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"):
+        if key in out:
+            raise BadRequest("shared memory is not supported by this server")
+    return out
+
+
+def request_from_pb(request: Any) -> InferRequest:
+    """Validate a ``ModelInferRequest`` (either service name's message) into tensors."""
+    raw_contents = request.raw_input_contents
+    if raw_contents and len(raw_contents) != len(request.inputs):
+        raise BadRequest(
+            f"raw_input_contents has {len(raw_contents)} entries for "
+            f"{len(request.inputs)} inputs; give one per input, in order"
+        )
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(request.inputs):
+        what = f"input '{entry.name}'"
+        if entry.name in seen:
+            raise BadRequest(f"{what} appears more than once")
+        seen.add(entry.name)
+        datatype = check_datatype(entry.datatype, what)
+        shape = tuple(int(d) for d in entry.shape)
+        if any(d < 0 for d in shape):
+            raise BadRequest(f"{what}: shape {list(shape)} has a negative dimension")
+        if raw_contents:
+            if entry.HasField("contents"):
+                raise BadRequest(f"{what} has both contents and raw_input_contents")
+            raw: bytes = raw_contents[i]
+            check_raw(datatype, shape, raw, what)
+        else:
+            raw = _raw_from_contents(entry, datatype, shape, what)
+        inputs.append(Tensor(entry.name, datatype, shape, raw))
+    params = parameters(request.parameters)
+    timeout = params.get("timeout")
+    timeout_us = None
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise BadRequest("parameter timeout must be a non-negative integer (microseconds)")
+        timeout_us = timeout or None
+    params.pop("binary_data_output", None)  # gRPC answers raw bytes always
+    outputs = None
+    if len(request.outputs):
+        outputs = []
+        for out in request.outputs:
+            out_params = parameters(out.parameters)
+            classes = out_params.get("classification", 0)
+            if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
+                raise BadRequest(
+                    f"output '{out.name}': classification must be a non-negative integer"
+                )
+            if any(o.name == out.name for o in outputs):
+                raise BadRequest(f"output '{out.name}' is requested more than once")
+            outputs.append(RequestedOutput(out.name, True, classes))
+    return InferRequest(request.id or None, params, inputs, outputs, True, timeout_us)
+
+
+def _raw_from_contents(entry: Any, datatype: str, shape: tuple[int, ...], what: str) -> bytes:
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise BadRequest(f"{what}: {datatype} data must be sent in raw_input_contents")
+    values = getattr(entry.contents, field)
+    count = element_count(shape)
+    if len(values) != count:
+        raise TensorError(
+            f"{what}: {len(values)} elements of data do not match shape {list(shape)}"
+        )
+    if datatype == "BYTES":
+        return serialize_bytes(list(values))
+    dtype = NUMPY_DTYPES[datatype]
+    array = np.asarray(values)
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise TensorError(f"{what}: a value is out of range for {datatype}")
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+def response_to_pb(
+    messages: Any, request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
+) -> Any:
+    """A ``ModelInferResponse`` of ``messages`` (the service's generated module)."""
+    by_name = {t.name: t for t in tensors}
+    wanted = (
+        request.outputs
+        if request.outputs is not None
+        else [RequestedOutput(t.name) for t in tensors]
+    )
+    response = messages.ModelInferResponse(
+        model_name=model_name, model_version=model_version, id=request.id or ""
+    )
+    for out in wanted:
+        tensor = by_name.get(out.name)
+        if tensor is None:
+            raise BadRequest(f"unexpected inference output '{out.name}' for model '{model_name}'")
+        if out.classification:
+            tensor = classify(tensor, out.classification)
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        response.raw_output_contents.append(bytes(tensor.raw))
+    return response
