@@ -76,6 +76,7 @@ class ModelSource:
     handler: str | None  # an override of the manifest's handler
     runtime: str = "python"
     cleanup_dir: Path | None = None  # the folder we extracted into; None for a folder in place
+    workflow: str | None = None  # the workflow this version is a node of, if any
 
 
 class ModelVersion:

@@ -25,6 +25,7 @@ from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
 from serve.registry import Registry
+from serve.workflows.manager import Workflows
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Server:
         self.registry = Registry(config, self.work_dir, self.metrics)
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
+        self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
 
     def _bind(self) -> dict[str, Any]:
@@ -107,6 +109,8 @@ class Server:
                 await loader
             await drainer
             await self.registry.stop()
+            if self.state.workflows is not None:
+                self.state.workflows.close()
             for sock in sockets.values():
                 with contextlib.suppress(OSError):
                     sock.close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,6 +30,9 @@ from serve.describe import describe_model
 from serve.errors import BadRequest, MethodNotAllowed, error_for_status
 from serve.model import ModelVersion
 from serve.openapi import management_description
+
+if TYPE_CHECKING:
+    from serve.workflows.manager import Workflows
 
 _MODEL_API_OFF = "Requested method is not allowed, please refer to API document."
 _IN_PROGRESS = "Workers scaling in progress..."
@@ -175,6 +178,7 @@ def create_management_app(state: ServerState) -> Starlette:
         Route("/models/{model}/{version}", unregister, methods=["DELETE"]),
         Route("/models/{model}/{version}/set-default", set_default, methods=["PUT"]),
         Route("/v1/models/{model}", readiness, methods=["GET"]),
+        *workflow_routes(state, require_model_api),
     ]
     return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
 
@@ -233,3 +237,51 @@ async def _customized(model: ModelVersion) -> str:
     if result.status >= 400:
         raise error_for_status(result.status, result.body.decode(errors="replace"))
     return result.body.decode(errors="replace")
+
+
+# ----- workflows (TorchServe's workflow management API) -----------------------------------------
+
+
+def workflow_routes(state: ServerState, require_model_api: Callable[[], None]) -> list[Route]:
+    """``/workflows``: register, list, describe, unregister; changes need the model API switch.
+
+    Answers are TorchServe 0.12's (``WorkflowMgmtRequestHandler``). Unlike TorchServe, register
+    and unregister are refused (405) unless the model API is enabled, as for models: registering a
+    workflow registers models.
+    """
+
+    def workflows() -> Workflows:
+        assert state.workflows is not None, "the server sets up the workflows"
+        return state.workflows
+
+    async def register_workflow(request: Request) -> Response:
+        require_model_api()
+        params = await _register_params(request)
+        url = _text(params.get("url"))
+        if not url:
+            raise BadRequest("Parameter url is required.")
+        wf = await workflows().register(url, _text(params.get("workflow_name")) or None)
+        return _status(f"Workflow {wf.name} has been registered and scaled successfully.")
+
+    async def list_workflows(request: Request) -> Response:
+        limit = parse_int(request.query_params, "limit", 100)
+        assert limit is not None
+        if limit <= 0 or limit > 100:
+            limit = 100
+        offset = max(parse_int(request.query_params, "next_page_token", 0) or 0, 0)
+        return json_response(workflows().page(limit, offset))
+
+    async def describe_workflow(request: Request) -> Response:
+        return json_response([workflows().describe(request.path_params["workflow"])])
+
+    async def unregister_workflow(request: Request) -> Response:
+        require_model_api()
+        wf = await workflows().unregister(request.path_params["workflow"])
+        return _status(f'Workflow "{wf.name}" unregistered')
+
+    return [
+        Route("/workflows", list_workflows, methods=["GET"]),
+        Route("/workflows", register_workflow, methods=["POST"]),
+        Route("/workflows/{workflow}", describe_workflow, methods=["GET"]),
+        Route("/workflows/{workflow}", unregister_workflow, methods=["DELETE"]),
+    ]
