@@ -124,10 +124,10 @@ async def _call(
             reason,
         )
     report(NodeReport(node, status, time.perf_counter() - started, attempts, request_id))
-    raise NodeFailed(
-        f"Error executing {node}: failed after {attempts} attempt(s), last: {reason} "
-        f"(request id {request_id})"
-    )
+    message = f"Error executing {node}: failed after {attempts} attempt(s), last: {reason}"
+    if request_id not in message:  # a handler error already names the node's request id
+        message += f" (request id {request_id})"
+    raise NodeFailed(message)
 
 
 async def _whole_body(result: ItemResult) -> bytes:
