@@ -131,7 +131,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
             models,
             f"slow_{name}",
             WORKFLOWS / "sleep_handler.py",
-            config={"handler": {"seconds": 1.0, "name": name}},
+            config={"handler": {"seconds": BRANCH_SECONDS, "name": name}},
         )
     real_workflow_archiver("nmt_wf_dual", "nmt_dual.yaml", "nmt_dual_handler.py", wars)
     real_workflow_archiver("nmt_wf_re", "nmt_re.yaml", "nmt_re_handler.py", wars)
@@ -140,6 +140,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return work, models, wars
 
 
+BRANCH_SECONDS = 1.5  # each parallel branch's sleep
 REGISTERED = ("dog_breed_wf", "nmt_wf_dual", "nmt_wf_re", "parallel_wf")
 
 
@@ -433,8 +434,8 @@ def test_parallel_branches_run_concurrently(client: httpx.Client) -> None:
     assert answer["a"] == {"branch": "a", "got": "go"}
     assert answer["b"] == {"branch": "b", "got": "go"}
     assert sorted(answer["order"]) == ["slow_a", "slow_b"]  # fan-in: parameters by parent name
-    # Each branch sleeps 1 s; one after the other would take over 2 s.
-    assert 1.0 <= elapsed < 1.8, elapsed
+    # One branch after the other would take at least 3 s; at once, 1.5 s plus the hops.
+    assert BRANCH_SECONDS <= elapsed < 2 * BRANCH_SECONDS - 0.4, elapsed
 
 
 def test_a_failing_function_node_answers_500_naming_it(
