@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from serve.errors import NotFound, ServeError
+from serve.errors import GatewayTimeout, NotFound, ServeError
 from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import Dag, Param, node_params
 from serve.workflows.spec import NodeSettings
@@ -109,6 +109,8 @@ async def _call(
             status = result.status
             reason = f"status {result.status}: {body[:200].decode(errors='replace')}"
         except asyncio.TimeoutError:
+            status, reason = 504, f"no answer within timeout-ms ({settings.timeout_ms} ms)"
+        except GatewayTimeout:  # the deadline passed while the call waited in the node's queue
             status, reason = 504, f"no answer within timeout-ms ({settings.timeout_ms} ms)"
         except ServeError as exc:
             status, reason = exc.status_code, exc.message

@@ -240,6 +240,14 @@ def test_describe_shows_the_dag_and_the_nodes_workers(mgmt: httpx.Client) -> Non
         assert [w["status"] for w in node["model"]["workers"]] == ["READY"]
 
 
+def test_function_nodes_run_in_worker_processes(server: LanternServer, mgmt: httpx.Client) -> None:
+    (described,) = mgmt.get("/workflows/nmt_wf_dual").json()
+    children = set(server.child_pids())
+    for node in described["nodes"]:
+        (worker,) = node["model"]["workers"]
+        assert worker["pid"] != server.pid and worker["pid"] in children, node["name"]
+
+
 def test_nodes_are_models_named_workflow__node(mgmt: httpx.Client) -> None:
     names = {m["modelName"] for m in mgmt.get("/models").json()["models"]}
     for node in ("pre_processing", "nmt_en_de", "nmt_en_fr", "aggregate_func"):
@@ -499,3 +507,31 @@ def test_metrics_and_access_log_per_workflow_and_node(
     ):
         assert time.monotonic() < deadline, server.log_text("access_log.log")[-2000:]
         time.sleep(0.1)
+
+
+def test_a_node_past_its_timeout_ms_is_retried_then_fails(
+    mgmt: httpx.Client, client: httpx.Client, stores: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, _, wars = stores
+    spec = tmp_path / "impatient.yaml"
+    spec.write_text(
+        "models:\n  retry-attempts: 1\n  slow:\n    url: slow_a.mar\n    timeout-ms: 300\n"
+        "dag:\n  slow: []\n"
+    )
+    handler = tmp_path / "h.py"
+    handler.write_text("")
+    subprocess.run(
+        [sys.executable, "-c", _REAL, "--workflow-name", "impatient", "--spec-file", str(spec)]
+        + ["--handler", str(handler), "--export-path", str(wars), "-f"],
+        check=True,
+        timeout=60,
+    )
+    assert mgmt.post("/workflows", params={"url": "impatient.war"}).status_code == 200
+    try:
+        resp = client.post("/wfpredict/impatient", content=b"x")
+        assert resp.status_code == 500
+        message = resp.json()["message"]
+        assert message.startswith("Error executing slow: failed after 2 attempt(s)")
+        assert "no answer within timeout-ms (300 ms)" in message
+    finally:
+        assert mgmt.delete("/workflows/impatient").status_code == 200

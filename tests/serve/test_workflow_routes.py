@@ -63,3 +63,13 @@ def test_snapshots_leave_workflow_models_out(tmp_path: Path) -> None:
     add("wf__node", "wf")
     assert list(registry.state()["models"]) == ["plain"]
     assert registry.state()["modelCount"] == 1
+
+
+def test_workflow_store_is_torchserve_s_key(tmp_path: Path) -> None:
+    from serve.config import read_properties
+
+    props = tmp_path / "config.properties"
+    props.write_text(f"model_store={tmp_path}\nworkflow_store={tmp_path / 'wf'}\n")
+    config = Config.from_mapping(read_properties(props))
+    assert config.workflow_store == str(tmp_path / "wf")
+    assert Config().workflow_store is None  # then the model store is used
