@@ -363,7 +363,8 @@ def test_unknown_workflow_is_404_everywhere(mgmt: httpx.Client, client: httpx.Cl
 def test_unregister_removes_the_workflow_and_its_models(
     mgmt: httpx.Client, client: httpx.Client
 ) -> None:
-    resp = mgmt.post("/workflows", params={"url": "nmt_wf_re.war", "workflow_name": "re_copy"})
+    # A JSON body works as query parameters do; workflow_name renames the workflow.
+    resp = mgmt.post("/workflows", json={"url": "nmt_wf_re.war", "workflow_name": "re_copy"})
     assert resp.json() == {
         "status": "Workflow re_copy has been registered and scaled successfully."
     }
