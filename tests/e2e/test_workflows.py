@@ -346,6 +346,29 @@ def test_a_node_that_cannot_register_rolls_the_workflow_back(
     assert mgmt.get("/workflows/broken").status_code == 404
 
 
+def test_a_function_missing_from_the_handler_fails_registration(
+    mgmt: httpx.Client, stores: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, _, wars = stores
+    spec = tmp_path / "nofn.yaml"
+    spec.write_text("dag:\n  missing_fn: []\n")
+    handler = tmp_path / "nofn_handler.py"
+    handler.write_text("def other(data, context):\n    return data\n")
+    subprocess.run(
+        [sys.executable, "-c", _REAL, "--workflow-name", "nofn", "--spec-file", str(spec)]
+        + ["--handler", str(handler), "--export-path", str(wars), "-f"],
+        check=True,
+        timeout=60,
+    )
+    resp = mgmt.post("/workflows", params={"url": "nofn.war"})
+    assert resp.status_code == 500
+    message = resp.json()["message"]
+    assert "Workflow Node nofn__missing_fn failed to register" in message
+    assert "has no function 'missing_fn'" in message
+    names = {m["modelName"] for m in mgmt.get("/models").json()["models"]}
+    assert "nofn__missing_fn" not in names
+
+
 def test_unknown_workflow_is_404_everywhere(mgmt: httpx.Client, client: httpx.Client) -> None:
     for resp in (
         mgmt.get("/workflows/nope"),
