@@ -97,6 +97,11 @@ def split_extra_files(extra_files: str | Sequence[str]) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
+def extra_entries(extra_files: str | Sequence[str], exclude: Iterable[Path] = ()) -> list[Entry]:
+    """The entries for an ``--extra-files`` value (files, folders, globs), in packing order."""
+    return list(_extra_entries(split_extra_files(extra_files), {Path(p) for p in exclude}))
+
+
 def _extra_entries(extra_files: Sequence[str], excluded: set[Path]) -> Iterator[Entry]:
     for spec in split_extra_files(extra_files):
         if _GLOB_CHARS.intersection(spec):

@@ -20,9 +20,18 @@ _CHUNK = 1024 * 1024
 
 
 def write_zip(
-    target: Path, entries: Sequence[Entry], manifest: str, *, deflate: bool, progress: Progress
+    target: Path,
+    entries: Sequence[Entry],
+    manifest: str,
+    *,
+    deflate: bool,
+    progress: Progress,
+    manifest_path: str = MANIFEST_PATH,
 ) -> None:
-    """A .mar: files at the zip root, then MAR-INF/MANIFEST.json (DEFLATED or STORED)."""
+    """A .mar: files at the zip root, then MAR-INF/MANIFEST.json (DEFLATED or STORED).
+
+    ``manifest_path`` is ``WAR-INF/MANIFEST.json`` for a workflow archive (.war).
+    """
     method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
     # strict_timestamps=False: a file dated before 1980 must not make packing fail.
     with zipfile.ZipFile(target, "w", method, strict_timestamps=False) as zf:
@@ -31,7 +40,7 @@ def write_zip(
             info.compress_type = method
             with entry.path.open("rb") as src, zf.open(info, "w") as dst:
                 _copy(src, dst, entry.arcname, info.file_size, progress)
-        info = zipfile.ZipInfo(MANIFEST_PATH, time.localtime()[:6])
+        info = zipfile.ZipInfo(manifest_path, time.localtime()[:6])
         info.compress_type = method
         info.external_attr = 0o644 << 16
         zf.writestr(info, manifest)

@@ -42,6 +42,11 @@ def main() -> None:
 )
 @click.option("--model-store", type=click.Path(file_okay=False), help="Folder of model archives.")
 @click.option(
+    "--workflow-store",
+    type=click.Path(file_okay=False),
+    help="Folder of workflow archives (.war); the model store if not given.",
+)
+@click.option(
     "--models",
     multiple=True,
     help="Models to load: name=file.mar, file.mar, or 'all' (repeatable, comma-separated).",
@@ -147,6 +152,7 @@ def start(foreground: bool, pid_file: str | None, wait_timeout: float, **options
 def _load_config(options: dict[str, Any]) -> Config:
     overrides: dict[str, Any] = {
         "model_store": options["model_store"],
+        "workflow_store": options["workflow_store"],
         "log_dir": options["log_dir"],
         "http_server": options["http_server"],
         "inference_address": options["inference_address"],

@@ -37,6 +37,7 @@ class Config:
     management_address: str = "http://127.0.0.1:8081"
     metrics_address: str = "http://127.0.0.1:8082"
     model_store: str | None = None
+    workflow_store: str | None = None  # where .war names are looked up; the model store if unset
     load_models: list[str] = field(default_factory=list)
     default_workers_per_model: int = 0  # 0: one per visible GPU, else 1 (TorchServe: one per core)
     job_queue_size: int = 100
@@ -297,7 +298,6 @@ _TS_IGNORED = {
     "initial_distribution_port",
     "disable_system_metrics",
     "enable_envvars_config",
-    "workflow_store",
     "models",
     "model_snapshot",
     "service_envelope",

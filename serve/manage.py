@@ -72,7 +72,7 @@ async def register_model(
 ) -> Reply:
     """Register from TorchServe's register parameters (strings, numbers or booleans)."""
     require_model_api(config)
-    url = _text(params.get("url"))
+    url = text_param(params.get("url"))
     if not url:
         raise BadRequest("Parameter url is required.")
     settings: dict[str, Any] = {}
@@ -81,12 +81,12 @@ async def register_model(
         if value is not None:
             settings[key] = value
     workers = _optional_int(params, "initial_workers", 0)
-    synchronous = parse_bool(_text(params.get("synchronous")) or None, synchronous_default)
+    synchronous = parse_bool(text_param(params.get("synchronous")) or None, synchronous_default)
     model = await registry.register(
         url,
-        model_name=_text(params.get("model_name")) or None,
-        handler=_text(params.get("handler")) or None,
-        runtime=_text(params.get("runtime")) or None,
+        model_name=text_param(params.get("model_name")) or None,
+        handler=text_param(params.get("handler")) or None,
+        runtime=text_param(params.get("runtime")) or None,
         initial_workers=workers,
         synchronous=synchronous,
         settings=settings,
@@ -165,7 +165,8 @@ def _optional_int(params: Mapping[str, Any], name: str, minimum: int) -> int | N
     return value
 
 
-def _text(value: Any) -> str:
+def text_param(value: Any) -> str:
+    """A parameter as stripped text (booleans as TorchServe spells them; None as empty)."""
     if value is None:
         return ""
     if isinstance(value, bool):

@@ -42,6 +42,7 @@ class ModelSource:
     runtime: str = "python"
     cleanup_dir: Path | None = None  # the folder we extracted into; None for a folder in place
     dependency_path: Path | None = None  # install_py_dep_per_model: first on the workers' path
+    workflow: str | None = None  # the workflow this version is a node of, if any
 
 
 class ModelVersion:

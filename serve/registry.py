@@ -147,6 +147,7 @@ class Registry:
         fallback_workers: int | None = None,
         model_url: str | None = None,
         version: str | None = None,
+        workflow: str | None = None,
     ) -> ModelVersion:
         """Open the archive ``url`` names, add it as a new version and start its workers.
 
@@ -157,6 +158,7 @@ class Registry:
 
         Memory admission runs first (507 when the workers do not fit); a version whose workers
         cannot load or warm up is removed again and its failure recorded in `failures`.
+        ``workflow`` names the workflow the version belongs to (left out of snapshots).
         """
         if model_name:
             _check_name(model_name, "model_name")
@@ -202,9 +204,43 @@ class Registry:
                 dest if archive.model_dir.is_relative_to(dest) or dependency_path else None
             ),
             dependency_path=dependency_path,
+            workflow=workflow,
         )
+        return await self.add_source(
+            name,
+            version,
+            source,
+            initial_workers=initial_workers,
+            synchronous=synchronous,
+            settings=settings,
+            loaded_at_startup=loaded_at_startup,
+            make_default=make_default,
+            fallback_workers=fallback_workers,
+            store_name=location.store_name,
+        )
+
+    async def add_source(
+        self,
+        name: str,
+        version: str,
+        source: ModelSource,
+        *,
+        initial_workers: int | None = None,
+        synchronous: bool = True,
+        settings: dict[str, Any] | None = None,
+        loaded_at_startup: bool = False,
+        make_default: bool = False,
+        fallback_workers: int | None = None,
+        store_name: str | None = None,
+    ) -> ModelVersion:
+        """Add an opened model folder as version ``version`` of ``name`` and start its workers.
+
+        `register` comes here after opening the archive; workflows come here directly for their
+        function nodes (the workflow's folder, with the node's function as the handler).
+        """
+        _check_name(name, "model name")
         model_settings = (
-            self.config.default_model_settings().merged(archive.model_config).merged(settings or {})
+            self.config.default_model_settings().merged(source.model_config).merged(settings or {})
         )
         workers = initial_workers
         if workers is None:
@@ -250,7 +286,7 @@ class Registry:
             entry.versions[version] = model
             if make_default:
                 entry.default_version = version
-            self._archives[(name, version)] = location.store_name
+            self._archives[(name, version)] = store_name or source.url
         logger.info("Registered model %s version %s from %s", name, version, source.url)
         try:
             if first < workers:
@@ -509,6 +545,8 @@ class Registry:
         for entry in self.models.values():
             versions = {}
             for mv in entry.versions.values():
+                if mv.source.workflow:  # a workflow's models come and go with the workflow
+                    continue
                 versions[mv.version] = {
                     "defaultVersion": mv.version == entry.default_version,
                     "marName": self._archives.get((entry.name, mv.version), mv.source.url),
@@ -519,7 +557,8 @@ class Registry:
                     "minWorkers": mv.min_workers,
                     "maxWorkers": mv.max_workers,
                 }
-            models[entry.name] = versions
+            if versions:
+                models[entry.name] = versions
         return {"modelCount": len(models), "models": models}
 
 

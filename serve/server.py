@@ -30,6 +30,7 @@ from serve.server_choice import resolve_http_server
 from serve.startup_report import StartupReport
 from serve.update_metrics import UpdateCollector
 from serve.watcher import StoreWatcher
+from serve.workflows.manager import Workflows
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Server:
         self.metrics.registry.register(UpdateCollector(self.registry))
         self.watcher: StoreWatcher | None = None
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
+        self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
         self.startup = StartupReport()  # told to `serve start` through the server record
         self.tls: Any = None  # serve.tls.TlsFiles when any address is https
@@ -141,6 +143,8 @@ class Server:
             if grpc_servers is not None:
                 await grpc_servers.wait_stopped()
             await self.registry.stop()
+            if self.state.workflows is not None:
+                self.state.workflows.close()
             for sock in sockets.values():
                 with contextlib.suppress(OSError):
                     sock.close()

@@ -46,8 +46,16 @@ class ModelLocation:
 class ModelSources:
     """Resolves model URLs against the model store and the ``allowed_urls`` patterns."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        suffixes: tuple[str, ...] = _ARCHIVE_SUFFIXES,
+        kind: str = "model archive",
+    ) -> None:
         self.config = config
+        self.suffixes = suffixes  # the file names a download may have (.war for workflows)
+        self.kind = kind
         self.store = Path(config.model_store).resolve() if config.model_store else None
         self.patterns = [re.compile(p, re.IGNORECASE) for p in config.allowed_urls]
 
@@ -106,10 +114,10 @@ class ModelSources:
         if self.store is None:
             raise BadRequest("Downloads need a model store; start the server with --model-store.")
         name = urllib.parse.unquote(urllib.parse.urlsplit(url).path).rsplit("/", 1)[-1]
-        if not _SAFE_FILE_NAME.fullmatch(name) or not name.lower().endswith(_ARCHIVE_SUFFIXES):
+        if not _SAFE_FILE_NAME.fullmatch(name) or not name.lower().endswith(self.suffixes):
             raise InvalidModelUrl(
-                f"URL {url} does not end in a model archive file name "
-                f"({', '.join(_ARCHIVE_SUFFIXES)}) that can be saved in the model store."
+                f"URL {url} does not end in a {self.kind} file name "
+                f"({', '.join(self.suffixes)}) that can be saved in the model store."
             )
         target = self.store / name
         if target.exists():

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from serve.config import Config
     from serve.metrics import ServerMetrics
     from serve.registry import Registry
+    from serve.workflows.manager import Workflows
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class ServerState:
     version: str = "0.1.0"
     starting: bool = True  # until the startup models (or the snapshot) are registered and loaded
     startup_failures: list[str] = field(default_factory=list)  # startup models never registered
+    workflows: Workflows | None = None  # the workflow API's state (serve/workflows/)
 
 
 def request_id(request: Request) -> str:

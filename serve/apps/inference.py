@@ -94,6 +94,7 @@ def create_inference_app(
             Route(prefix + "/{model}/{version}/{rest:path}", endpoint, methods=["POST", "PUT"]),
         ]
     routes += [Route("/predictions/{model}", describe_api, methods=["OPTIONS"])]
+    routes += workflow_predict_routes(state)
     routes += extra_routes or []
     return InferenceApp(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS), _infer)
 
@@ -184,3 +185,30 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
     return StreamingResponse(
         chunks(), status_code=first.status, headers=headers, media_type=media_type
     )
+
+
+# ----- workflows ----------------------------------------------------------------------------------
+
+
+def workflow_predict_routes(state: ServerState) -> list[BaseRoute]:
+    """``/wfpredict/{workflow}``: the workflow's DAG for one request (TorchServe's route).
+
+    The answer is the leaf node's bytes as ``application/json`` (TorchServe sends that type
+    whatever the bytes are), or a JSON object of the leaves' outputs when there are several.
+    """
+
+    async def wfpredict(request: Request) -> Response:
+        rid = request_id(request)
+        assert state.workflows is not None, "the server sets up the workflows"
+        workflows = state.workflows
+        try:
+            workflows.get(request.path_params["workflow"])
+            params = await read_params(request, state.config.max_request_size)
+            headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
+            body = await workflows.predict(request.path_params["workflow"], params, headers, rid)
+        except ServeError as err:
+            return error_response(err, rid)
+        headers = {**NO_CACHE_HEADERS, "x-request-id": rid}
+        return Response(body, headers=headers, media_type="application/json")
+
+    return [Route("/wfpredict/{workflow}", wfpredict, methods=["POST", "PUT"])]

@@ -9,7 +9,8 @@ false for scale; ``initial_workers`` defaults to the archive's ``minWorkers``, e
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +29,9 @@ from serve.errors import BadRequest
 from serve.inputs import read_body
 from serve.json_input import parse_json
 from serve.openapi import management_description
+
+if TYPE_CHECKING:
+    from serve.workflows.manager import Workflows
 
 
 def create_management_app(state: ServerState) -> Starlette:
@@ -100,6 +104,7 @@ def create_management_app(state: ServerState) -> Starlette:
         Route("/models/{model}/{version}", unregister, methods=["DELETE"]),
         Route("/models/{model}/{version}/set-default", set_default, methods=["PUT"]),
         Route("/v1/models/{model}", readiness, methods=["GET"]),
+        *workflow_routes(state, lambda: manage.require_model_api(config)),
     ]
     return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
 
@@ -120,3 +125,51 @@ async def _register_params(request: Request, max_size: int) -> dict[str, Any]:
                 raise BadRequest("The JSON body must be an object of register parameters.")
             params.update(data)
     return params
+
+
+# ----- workflows (TorchServe's workflow management API) -----------------------------------------
+
+
+def workflow_routes(state: ServerState, require_model_api: Callable[[], None]) -> list[Route]:
+    """``/workflows``: register, list, describe, unregister; changes need the model API switch.
+
+    Answers are TorchServe 0.12's (``WorkflowMgmtRequestHandler``). Unlike TorchServe, register
+    and unregister are refused (405) unless the model API is enabled, as for models: registering a
+    workflow registers models.
+    """
+
+    def workflows() -> Workflows:
+        assert state.workflows is not None, "the server sets up the workflows"
+        return state.workflows
+
+    async def register_workflow(request: Request) -> Response:
+        require_model_api()
+        params = await _register_params(request, state.config.max_request_size)
+        url = manage.text_param(params.get("url"))
+        if not url:
+            raise BadRequest("Parameter url is required.")
+        wf = await workflows().register(url, manage.text_param(params.get("workflow_name")) or None)
+        return _status(f"Workflow {wf.name} has been registered and scaled successfully.")
+
+    async def list_workflows(request: Request) -> Response:
+        limit = parse_int(request.query_params, "limit", 100)
+        assert limit is not None
+        if limit <= 0 or limit > 100:
+            limit = 100
+        offset = max(parse_int(request.query_params, "next_page_token", 0) or 0, 0)
+        return json_response(workflows().page(limit, offset))
+
+    async def describe_workflow(request: Request) -> Response:
+        return json_response([workflows().describe(request.path_params["workflow"])])
+
+    async def unregister_workflow(request: Request) -> Response:
+        require_model_api()
+        wf = await workflows().unregister(request.path_params["workflow"])
+        return _status(f'Workflow "{wf.name}" unregistered')
+
+    return [
+        Route("/workflows", list_workflows, methods=["GET"]),
+        Route("/workflows", register_workflow, methods=["POST"]),
+        Route("/workflows/{workflow}", describe_workflow, methods=["GET"]),
+        Route("/workflows/{workflow}", unregister_workflow, methods=["DELETE"]),
+    ]
