@@ -338,5 +338,13 @@ def _get_json(url: str, token: str | None) -> Any:
         raise click.ClickException(f"{url}: HTTP {exc.code} {detail}") from None
 
 
+def _add_commands() -> None:
+    from serve.kserve_command import kserve
+
+    main.add_command(kserve)
+
+
+_add_commands()
+
 if __name__ == "__main__":
     main()

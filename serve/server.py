@@ -11,7 +11,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serve import __version__
 from serve.access_log import AccessLog
@@ -25,6 +25,9 @@ from serve.errors import ServeError
 from serve.http_server import bind_socket, run_servers
 from serve.metrics import ServerMetrics
 from serve.registry import Registry
+
+if TYPE_CHECKING:
+    from serve.snapshot import SnapshotStore
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +149,9 @@ class Server:
             if state is not None:
                 await snapshots.restore(self.registry, state)
                 return
+        if self.config.model_snapshot:
+            await self._load_config_snapshot(snapshots)
+            return
         # A model that fails to load stays registered, so /ping reports it (TorchServe's /ping
         # stays blind to such failures).
         models = []
@@ -168,6 +174,23 @@ class Server:
                 )
         if self.config.snapshot:
             snapshots.save(self.registry, self.config)
+
+    async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
+        """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with
+        their settings (TorchServe's KServe images describe their models this way)."""
+        from serve.snapshot import SnapshotError, validate
+
+        data = {"model_snapshot": self.config.model_snapshot}
+        try:
+            validate(data)
+        except SnapshotError as exc:
+            logger.error("Config 'model_snapshot' cannot be used: %s", exc)
+            self.state.startup_failures.append("model_snapshot")
+            return
+        restored = await snapshots.restore(self.registry, data)
+        wanted = sum(len(v) for v in data["model_snapshot"]["models"].values())
+        if len(restored) < wanted:
+            self.state.startup_failures.append("model_snapshot")
 
     def _write_state_file(self) -> None:
         if self.state_file is None:
