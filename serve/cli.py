@@ -340,8 +340,10 @@ def _get_json(url: str, token: str | None) -> Any:
 
 def _add_commands() -> None:
     from serve.kserve_command import kserve
+    from serve.rayserve.command import ray_group
 
     main.add_command(kserve)
+    main.add_command(ray_group)
 
 
 _add_commands()
