@@ -1,5 +1,8 @@
 # The two commands a newcomer runs: `make demo` (serve the bundled classifier) and `make test`.
 VENV ?= .venv
+# Ray's extra in an environment of its own: it installs a `serve` script of Ray's (see
+# docs/scale-out.md). It reuses .venv's packages (torch) through a .pth file.
+RAY_VENV ?= .venv-ray
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STORE ?= model_store
@@ -27,8 +30,15 @@ demo: install
 stop:
 	$(BIN)/serve stop
 
-test: install
-	$(BIN)/pytest -q
+$(RAY_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(BIN)/python -c "import site; print('import site; site.addsitedir(%r)' % site.getsitepackages()[0])" \
+		> "$$($(RAY_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/lantern-base.pth"
+	$(RAY_VENV)/bin/pip install -q -e '.[ray]'
+	touch $@
+
+test: install $(RAY_VENV)/.installed
+	LANTERN_RAY_VENV=$(abspath $(RAY_VENV)) $(BIN)/pytest -q
 
 # The fuzz tests run in `make test` too, bounded; this is their long mode (docs/faults.md).
 fuzz: install

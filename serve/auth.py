@@ -54,7 +54,9 @@ class _Key:
 class TokenAuth:
     """The three keys, the key file and the ASGI guard that checks them."""
 
-    def __init__(self, key_file: Path, ttl_minutes: float) -> None:
+    def __init__(
+        self, key_file: Path, ttl_minutes: float, fixed: dict[str, str] | None = None
+    ) -> None:
         self.key_file = key_file
         self.ttl = dt.timedelta(minutes=ttl_minutes)
         self.keys = {
@@ -62,11 +64,22 @@ class TokenAuth:
             "inference": self._new_key(expiring=True),
             "API": self._new_key(expiring=False),
         }
+        for kind, key in (fixed or {}).items():
+            self.keys[kind] = _Key(key, None)
         self._write()
 
     @classmethod
     def create(cls, config: Config) -> TokenAuth:
-        return cls(Path(config.key_file).resolve(), config.token_expiration_min)
+        fixed = {
+            kind: key
+            for kind, key in (
+                ("inference", config.inference_key),
+                ("management", config.management_key),
+                ("API", config.api_key),
+            )
+            if key
+        }
+        return cls(Path(config.key_file).resolve(), config.token_expiration_min, fixed)
 
     def _new_key(self, *, expiring: bool) -> _Key:
         expires = dt.datetime.now(dt.timezone.utc) + self.ttl if expiring else None

@@ -337,5 +337,15 @@ def logs(
         click.echo(line)
 
 
+def _add_commands() -> None:
+    from serve.kserve_command import kserve
+    from serve.rayserve.command import ray_group
+
+    main.add_command(kserve)
+    main.add_command(ray_group)
+
+
+_add_commands()
+
 if __name__ == "__main__":
     main()

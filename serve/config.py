@@ -39,6 +39,8 @@ class Config:
     model_store: str | None = None
     workflow_store: str | None = None  # where .war names are looked up; the model store if unset
     load_models: list[str] = field(default_factory=list)
+    # TorchServe's ``model_snapshot`` (config.properties): the models to load, with settings.
+    model_snapshot: dict[str, Any] | None = None
     default_workers_per_model: int = 0  # 0: one per visible GPU, else 1 (TorchServe: one per core)
     job_queue_size: int = 100
     batch_size: int = 1
@@ -52,6 +54,11 @@ class Config:
     disable_token_authorization: bool = False
     token_expiration_min: float = 60.0
     key_file: str = "key_file.json"
+    # Fixed keys (e.g. from a Kubernetes Secret); each one set replaces that generated key and
+    # does not expire. Rotating it over /token still works until the next start.
+    inference_key: str | None = None
+    management_key: str | None = None
+    api_key: str | None = None
     allowed_urls: list[str] = field(default_factory=list)
     download_max_size: int = 1 << 30
     download_timeout: float = 60.0
@@ -299,7 +306,6 @@ _TS_IGNORED = {
     "disable_system_metrics",
     "enable_envvars_config",
     "models",
-    "model_snapshot",
     "service_envelope",
     "use_env_allowed_urls",
 }
@@ -329,6 +335,8 @@ def read_properties(path: Path) -> dict[str, Any]:
             values[key] = [p.strip() for p in value.split(",") if p.strip()]
         elif key == "load_models":
             values[key] = [m.strip() for m in value.split(",") if m.strip()]
+        elif key == "model_snapshot":
+            values[key] = _json_object(key, value)
         elif key in known:
             values[key] = value
         elif key not in _TS_IGNORED:
@@ -347,8 +355,20 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def _json_object(key: str, raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        raise ConfigError(f"Config '{key}' is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"Config '{key}' must be a JSON object")
+    return value
+
+
 def _coerce(key: str, raw: Any, annotation: Any) -> Any:
     kind = str(annotation)
+    if kind.startswith("dict"):
+        return None if raw is None else _json_object(key, raw)
     try:
         if kind.startswith("bool"):
             if isinstance(raw, bool):

@@ -256,7 +256,7 @@ class Registry:
         # is loaded, then decides the others (with `synchronous` only: else the estimate does).
         first = workers
         try:
-            need = await self._need(name, model_settings, archive.model_dir)
+            need = await self._need(name, model_settings, source.model_dir)
             if need.source == "estimated" and synchronous and workers > 1:
                 first = 1
             await self._admit(name, version, first, need, model_settings)

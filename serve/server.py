@@ -9,7 +9,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serve import __version__
 from serve.access_log import AccessLog
@@ -31,6 +31,9 @@ from serve.startup_report import StartupReport
 from serve.update_metrics import UpdateCollector
 from serve.watcher import StoreWatcher
 from serve.workflows.manager import Workflows
+
+if TYPE_CHECKING:
+    from serve.snapshot import SnapshotStore
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +232,8 @@ class Server:
         found = snapshots.newest() if self.restore_snapshot and self.config.snapshot else None
         if found is not None:
             await self._restore(snapshots, *found)
+        elif self.config.model_snapshot:
+            await self._load_config_snapshot(snapshots)
         else:
             await self._load_models()
         if self.config.snapshot:
@@ -253,6 +258,11 @@ class Server:
                 ",".join(self.startup.unused_models),
                 path,
             )
+        self._restore_failures(restored, failures)
+
+    def _restore_failures(
+        self, restored: list[ModelVersion], failures: list[tuple[str, str]]
+    ) -> None:
         for model, reason in failures:
             self.startup.fail(model, reason)
             if not any(f"{m.name} {m.version}" == model for m in restored):
@@ -281,6 +291,23 @@ class Server:
                     "Model %s version %s failed to load: %s", model.name, model.version, result
                 )
                 self.startup.fail(f"{model.name} {model.version}", str(result))
+
+    async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
+        """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with
+        their settings (TorchServe's KServe images describe their models this way)."""
+        from serve.snapshot import SnapshotError, validate
+
+        data = {"model_snapshot": self.config.model_snapshot}
+        try:
+            validate(data)
+        except SnapshotError as exc:
+            logger.error("Config 'model_snapshot' cannot be used: %s", exc)
+            self.state.startup_failures.append("model_snapshot")
+            self.startup.fail("model_snapshot", str(exc))
+            return
+        failures: list[tuple[str, str]] = []
+        restored = await snapshots.restore(self.registry, data, failures)
+        self._restore_failures(restored, failures)
 
     def _write_state_file(self) -> None:
         from serve import server_record

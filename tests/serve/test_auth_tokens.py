@@ -79,3 +79,23 @@ def test_defaults_are_safe() -> None:
     assert config.enable_model_api is False
     assert config.disable_token_authorization is False
     assert config.allowed_urls == []
+
+
+def test_fixed_keys_from_the_config_replace_generated_ones_and_never_expire(
+    tmp_path: Path,
+) -> None:
+    config = Config.from_mapping(
+        {
+            "key_file": str(tmp_path / "key_file.json"),
+            "inference_key": "from-a-secret",
+            "token_expiration_min": 0,
+        }
+    )
+    auth = TokenAuth.create(config)
+    auth.check("inference", headers("from-a-secret"))  # ttl 0 would have expired a generated key
+    with pytest.raises(Unauthorized):
+        auth.check("management", headers("from-a-secret"))
+    with pytest.raises(Unauthorized):
+        auth.check("management", headers(auth.keys["management"].key))  # generated: expired
+    data = json.loads((tmp_path / "key_file.json").read_text())
+    assert data["inference"] == {"key": "from-a-secret"}

@@ -1,0 +1,441 @@
+"""Lantern as a Ray Serve application: one deployment per model version, one ingress.
+
+- `LanternModel` replicas run the worker's own code: the archive is opened with the archiver's
+  safe extraction, the handler is loaded by ``serve.worker.main.load`` and each batch runs through
+  ``serve.worker.main.run_batch`` as the same PREDICT/RESULT frames a worker process gets over its
+  socket (here in-process: the frames are the contract, Ray carries the requests). Batches are
+  formed by ``@serve.batch`` with the model's ``batchSize`` and ``maxBatchDelay``.
+- `LanternIngress` answers Lantern's routes through Ray's HTTP proxy: ``/ping``,
+  ``/predictions/{model}[/{version}]``, KServe v1 ``/v1/models/{m}:predict``, Open Inference
+  Protocol ``/v2/...`` (health, readiness, ``infer``), and the read-only management routes
+  ``GET /models`` and ``GET /models/{model}[/{version}]``. A request whose replica died is retried
+  once on another replica, as Lantern's own dispatcher does.
+
+`build_app` is the application builder a Ray Serve config names:
+``import_path: serve.rayserve.app:build_app`` with ``args: {model_store: ..., models: [...]}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from archiver import open_archive
+from serve.apps.common import NO_CACHE_HEADERS, error_response, request_id
+from serve.apps.protocols import error_response as protocol_error_response
+from serve.config import Config, ModelSettings
+from serve.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
+from serve.inputs import read_body, read_params, request_timeout
+from serve.protocol import Frame, MsgType
+from serve.protocols import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
+from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
+from serve.rayserve.plan import plan_deployment
+from serve.server import expand_models
+
+logger = logging.getLogger("ray.serve")
+
+APP_NAME = "lantern"
+# One request, as the frontend hands it to a worker: id, headers, (name, content type, bytes).
+Item = dict[str, Any]
+
+
+def predict_frame(items: list[Item]) -> Frame:
+    """The PREDICT frame a worker process would receive for these requests."""
+    meta = {
+        "requests": [
+            {
+                "id": it["id"],
+                "headers": it["headers"],
+                "params": [[n, ct] for n, ct, _ in it["params"]],
+            }
+            for it in items
+        ]
+    }
+    return Frame(
+        MsgType.PREDICT, 0, meta, tuple(body for it in items for _, _, body in it["params"])
+    )
+
+
+def frame_results(frame: Frame) -> list[dict[str, Any]]:
+    """One plain result per request from a RESULT frame: status, body, type, headers or error."""
+    results = []
+    for item, body in zip(frame.meta["items"], frame.payloads, strict=True):
+        if item.get("error"):
+            results.append({"error": item["error"]})
+        else:
+            results.append(
+                {
+                    "status": item["status"],
+                    "body": body,
+                    "ct": item.get("ct"),
+                    "headers": item.get("headers") or {},
+                }
+            )
+    return results
+
+
+@serve.deployment
+class LanternModel:
+    """One replica of a model version: its archive, its handler, batches through the worker code."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        archive: str,
+        handler: str | None,
+        settings: dict[str, Any],
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+    ) -> None:
+        from serve.worker.main import _cap_threads, load
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="lantern-ray-"))
+        opened = open_archive(Path(archive), self.workdir / "model")
+        gpu_ids = ray.get_gpu_ids()
+        spec = {
+            "model_name": name,
+            "model_version": version,
+            "model_dir": str(opened.model_dir),
+            "manifest": opened.manifest,
+            "handler": handler,
+            "batch_size": max_batch_size,
+            "gpu_id": 0 if gpu_ids else None,  # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPU
+            "num_threads": settings.get("num_threads") or 1,
+            "model_yaml_config": opened.model_config,
+        }
+        _cap_threads(spec)
+        self.service, self.context = load(spec)
+        self.infer.set_max_batch_size(max_batch_size)
+        self.infer.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def infer(self, items: list[Item]) -> list[dict[str, Any]]:
+        from serve.worker.main import run_batch
+
+        frame = predict_frame(items)
+        result = await asyncio.to_thread(run_batch, self.service, self.context, frame, True)
+        return frame_results(result)
+
+    async def __call__(self, item: Item) -> dict[str, Any]:
+        return await self.infer(item)
+
+    def where(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the ingress knows of one model version."""
+
+    name: str
+    version: str
+    url: str
+    deployment: str
+    settings: dict[str, Any]
+
+
+_PREDICT = re.compile(r"^/(predictions|explanations)/([^/]+)(?:/([^/]+))?/?$")
+_V1 = re.compile(r"^/v1/models/([^/:]+)(?:/versions/([^/:]+))?:(predict|explain)$")
+_V2_INFER = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+_V2_READY = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/ready$")
+_DESCRIBE = re.compile(r"^/models/([^/]+)(?:/([^/]+))?$")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class LanternIngress:
+    """Lantern's routes through Ray's HTTP proxy, onto the model deployments' handles."""
+
+    def __init__(
+        self,
+        handles: dict[str, Any],
+        entries: list[dict[str, Any]],
+        max_request_size: int,
+        max_response_size: int,
+    ) -> None:
+        self.handles = handles  # deployment name -> DeploymentHandle
+        self.entries = [ModelEntry(**e) for e in entries]
+        self.max_request_size = max_request_size
+        self.max_response_size = max_response_size
+
+    def resolve(self, name: str, version: str | None) -> ModelEntry:
+        versions = [e for e in self.entries if e.name == name]
+        if not versions:
+            raise NotFound(f"Model not found: {name}")
+        if version is None:
+            return versions[0]
+        for entry in versions:
+            if entry.version == version:
+                return entry
+        raise NotFound(f"Model version not found: {name} version {version}")
+
+    async def submit(self, entry: ModelEntry, item: Item, timeout: float | None) -> dict[str, Any]:
+        """Run one request on the model's deployment; retried once if its replica died."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        handle = self.handles[entry.deployment]
+        limit = min(timeout, entry.settings["response_timeout"]) if timeout else None
+        limit = limit or entry.settings["response_timeout"]
+        for attempt in (1, 2):
+            try:
+                result = await asyncio.wait_for(handle.remote(item), limit)
+                break
+            except (ActorDiedError, ActorUnavailableError) as exc:
+                if attempt == 2:
+                    raise ServeError(
+                        f"The replica died while running request {item['id']}."
+                    ) from exc
+                logger.warning("Replica died under request %s; retrying once", item["id"])
+            except asyncio.TimeoutError:
+                raise GatewayTimeout(f"Request {item['id']} timed out after {limit:g} s.") from None
+        if result.get("error"):
+            err = result["error"]
+            raise error_for_status(err["code"], err["message"], err["type"])
+        return result
+
+    async def __call__(self, request: Request) -> Response:
+        rid = request_id(request)
+        path = request.url.path
+        protocol = path.startswith(("/v1/", "/v2"))
+        try:
+            response = await self.route(request, path, rid)
+        except ServeError as err:
+            response = protocol_error_response(err, rid) if protocol else error_response(err, rid)
+        # Ray's proxy sets x-request-id itself, to the id it put in the request (``rid`` here).
+        if "x-request-id" in response.headers:
+            del response.headers["x-request-id"]
+        return response
+
+    async def route(self, request: Request, path: str, rid: str) -> Response:
+        method = request.method
+        if path == "/ping" and method == "GET":
+            return _json({"status": "Healthy"})
+        if path in ("/v2/health/live", "/v2/health/ready") and method == "GET":
+            return _json({"live": True} if path.endswith("live") else {"ready": True})
+        if path == "/models" and method == "GET":
+            return _json({"models": self.list_models()})
+        if (match := _DESCRIBE.match(path)) and method == "GET":
+            return _json(await self.describe(match[1], match[2]))
+        if (match := _PREDICT.match(path)) and method in ("POST", "PUT"):
+            return await self.predict(request, rid, match[2], match[3], match[1] == "explanations")
+        if (match := _V1.match(path)) and method == "POST":
+            return await self.v1_predict(request, rid, match[1], match[2], match[3] == "explain")
+        if (match := _V2_INFER.match(path)) and method == "POST":
+            return await self.v2_infer(request, rid, match[1], match[2])
+        if (match := _V2_READY.match(path)) and method == "GET":
+            self.resolve(match[1], match[2])
+            return _json({"name": match[1], "ready": True})
+        raise NotFound("Requested resource is not found, please refer to API document.")
+
+    async def predict(
+        self, request: Request, rid: str, name: str, version: str | None, explain: bool
+    ) -> Response:
+        entry = self.resolve(name, version)
+        params = await read_params(request, self.max_request_size)
+        headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
+        if explain:
+            headers["explain"] = "True"
+        item = {"id": rid, "headers": headers, "params": params}
+        result = await self.submit(entry, item, request_timeout(request))
+        return self.response(result, rid, result["ct"] or "application/octet-stream")
+
+    async def v1_predict(
+        self, request: Request, rid: str, name: str, version: str | None, explain: bool
+    ) -> Response:
+        entry = self.resolve(name, version)
+        body = await read_body(request, self.max_request_size)
+        headers = _protocol_headers(request, KSERVE_V1)
+        if explain:
+            headers["explain"] = "True"
+        item = {"id": rid, "headers": headers, "params": [("body", "application/json", body)]}
+        result = await self.submit(entry, item, request_timeout(request))
+        return self.response(result, rid, "application/json")
+
+    async def v2_infer(
+        self, request: Request, rid: str, name: str, version: str | None
+    ) -> Response:
+        entry = self.resolve(name, version)
+        body = await read_body(request, self.max_request_size)
+        infer = oip.parse_request(
+            body, oip.header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
+        )
+        headers = _protocol_headers(request, OIP)
+        if infer.outputs is not None:
+            headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
+        if infer.parameters:
+            headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
+        params = [
+            (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
+        ]
+        timeout = request_timeout(request)
+        if infer.timeout_us:
+            timeout = min(filter(None, (timeout, infer.timeout_us / 1e6)))
+        result = await self.submit(
+            entry, {"id": rid, "headers": headers, "params": params}, timeout
+        )
+        if not is_bundle(result["ct"]):
+            raise ServeError("The model did not answer with tensors.")
+        tensors = decode_bundle(result["body"], result["ct"] or "")
+        payload, extra = oip.build_response(infer, entry.name, entry.version, tensors)
+        return Response(payload, 200, headers={**NO_CACHE_HEADERS, **extra, "x-request-id": rid})
+
+    def response(self, result: dict[str, Any], rid: str, media_type: str) -> Response:
+        if len(result["body"]) > self.max_response_size:
+            raise ServeError(
+                f"The model's response exceeds max_response_size of {self.max_response_size} bytes."
+            )
+        headers = {**NO_CACHE_HEADERS, **result["headers"], "x-request-id": rid}
+        return Response(result["body"], result["status"], headers=headers, media_type=media_type)
+
+    def list_models(self) -> list[dict[str, str]]:
+        seen: dict[str, ModelEntry] = {}
+        for entry in self.entries:
+            seen.setdefault(entry.name, entry)
+        return [{"modelName": e.name, "modelUrl": e.url} for e in seen.values()]
+
+    async def describe(self, name: str, version: str | None) -> list[dict[str, Any]]:
+        """TorchServe's describe shape; the workers are the deployment's live replicas."""
+        entries = (
+            [e for e in self.entries if e.name == name]
+            if version == "all"
+            else [self.resolve(name, version)]
+        )
+        if not entries:
+            raise NotFound(f"Model not found: {name}")
+        out = []
+        for entry in entries:
+            settings = entry.settings
+            out.append(
+                {
+                    "modelName": entry.name,
+                    "modelVersion": entry.version,
+                    "modelUrl": entry.url,
+                    "runtime": "python",
+                    "minWorkers": settings["min_workers"],
+                    "maxWorkers": settings["max_workers"],
+                    "batchSize": settings["batch_size"],
+                    "maxBatchDelay": settings["max_batch_delay"],
+                    "loadedAtStartup": True,
+                    "deployment": entry.deployment,
+                    "workers": await asyncio.to_thread(_replicas, entry.deployment),
+                }
+            )
+        return out
+
+
+def _replicas(deployment: str) -> list[dict[str, Any]]:
+    """The deployment's replica actors: id, pid, node and state, from Ray's state API."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(
+        filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{deployment}")], detail=True
+    )
+    workers = []
+    for actor in actors:
+        if actor.state in ("DEAD",):
+            continue
+        workers.append(
+            {
+                "id": actor.actor_id,
+                "pid": actor.pid,
+                "nodeId": actor.node_id,
+                "status": "READY" if actor.state == "ALIVE" else actor.state,
+            }
+        )
+    return workers
+
+
+def _protocol_headers(request: Request, kind: str) -> dict[str, str]:
+    skip = {"content-length", "content-type", "content-encoding", "transfer-encoding"}
+    headers = {
+        k: v for k, v in request.headers.items() if k not in skip and not k.startswith("x-lantern-")
+    }
+    headers[PROTOCOL_HEADER] = kind
+    return headers
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status, media_type="application/json")
+
+
+def build_app(args: Mapping[str, Any]) -> Any:
+    """The Ray Serve application for a model store: ``args`` as a Serve config passes them.
+
+    ``model_store`` (required; readable on every node), ``models`` (``--models`` entries,
+    default ``all``), ``config`` / ``ts_config`` (Lantern's YAML and TorchServe's
+    config.properties), ``max_replicas_per_node`` (spread replicas over nodes).
+    """
+    if not args.get("model_store"):
+        raise BadRequest("build_app needs args.model_store")
+    config = Config.load(
+        config_file=args.get("config"),
+        ts_config_file=args.get("ts_config"),
+        overrides={"model_store": str(args["model_store"])},
+    )
+    models = args.get("models") or ["all"]
+    specs = expand_models([models] if isinstance(models, str) else list(models), config.model_store)
+    if not specs:
+        raise BadRequest(f"No models to deploy from {config.model_store}")
+    store = Path(config.model_store or ".").resolve()
+    per_node = args.get("max_replicas_per_node")
+    deployments: dict[str, Any] = {}
+    entries: list[dict[str, Any]] = []
+    for spec in specs:
+        name, _, url = spec.rpartition("=")
+        archive = (store / url).resolve()
+        if not archive.is_relative_to(store) or not archive.exists():
+            raise BadRequest(f"Model archive not found in the model store {store}: {url}")
+        with tempfile.TemporaryDirectory(prefix="lantern-ray-plan-") as tmp:
+            opened = open_archive(archive, Path(tmp) / "model")
+            manifest, model_config = opened.manifest, opened.model_config
+        model_info = manifest.get("model") or {}
+        name = name or model_info.get("modelName") or archive.stem
+        version = str(model_info.get("modelVersion") or "1.0")
+        settings = config.default_model_settings().merged(model_config)
+        plan = plan_deployment(name, version, settings, max_replicas_per_node=per_node)
+        deployments[plan.name] = LanternModel.options(**plan.options).bind(
+            name,
+            version,
+            str(archive),
+            None,
+            _settings_dict(settings),
+            plan.max_batch_size,
+            plan.batch_wait_timeout_s,
+        )
+        entries.append(
+            {
+                "name": name,
+                "version": version,
+                "url": url,
+                "deployment": plan.name,
+                "settings": _settings_dict(settings),
+            }
+        )
+    return LanternIngress.bind(
+        deployments, entries, config.max_request_size, config.max_response_size
+    )
+
+
+def _settings_dict(settings: ModelSettings) -> dict[str, Any]:
+    low = max(1, settings.min_workers or 1)
+    return {
+        "min_workers": low,
+        "max_workers": max(low, settings.max_workers or low),
+        "batch_size": settings.batch_size,
+        "max_batch_delay": settings.max_batch_delay,
+        "response_timeout": settings.response_timeout,
+        "num_threads": settings.num_threads,
+    }
