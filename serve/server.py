@@ -33,6 +33,7 @@ from serve.watcher import StoreWatcher
 from serve.workflows.manager import Workflows
 
 if TYPE_CHECKING:
+    from serve.model import ModelVersion
     from serve.snapshot import SnapshotStore
 
 logger = logging.getLogger(__name__)
