@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import http.server
+import json
+import subprocess
 import sys
 import tarfile
 import threading
@@ -62,6 +64,7 @@ class KServePod(LanternServer):
             METRICS_PORT="0",
             MANAGEMENT_PORT="0",
             GRPC_PORT="0",
+            LANTERN_GRPC_MANAGEMENT_PORT="0",  # the pod's is 7071 on loopback; tests share a host
             LANTERN_KSERVE_HOST="127.0.0.1",
             LANTERN_LOG_DIR=str(workdir / "logs"),
         )
@@ -106,6 +109,23 @@ def triton_infer(base: str, model: str) -> np.ndarray:
     return result.as_numpy("y")
 
 
+def triton_grpc_infer(address: str, model: str) -> np.ndarray:
+    """tritonclient.grpc in a process of its own: KServe's SDK, imported here, registers the same
+    ``inference.*`` protobuf names, and one process cannot hold both."""
+    code = (
+        "import sys, numpy as np, tritonclient.grpc as g\n"
+        "c = g.InferenceServerClient(sys.argv[1])\n"
+        "t = g.InferInput('x', [1, 4], 'FP32')\n"
+        "t.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))\n"
+        "print(c.infer(sys.argv[2], [t]).as_numpy('y').tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, address, model], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return np.array(json.loads(out.stdout))
+
+
 def assert_pod_serves(pod: LanternServer, model: str) -> None:
     base = pod.inference
     assert httpx.get(f"{base}/v2/health/live").status_code == 200
@@ -116,6 +136,10 @@ def assert_pod_serves(pod: LanternServer, model: str) -> None:
     v2 = kserve_infer(base, model, "v2", v2_request(model))
     np.testing.assert_allclose(v2.outputs[0].as_numpy(), X * 0.5)
     np.testing.assert_allclose(triton_infer(base, model), X * 0.5)
+    # grpc-v2: the Open Inference Protocol over gRPC on the runtime's gRPC port.
+    grpc_address = pod.state["addresses"]["grpc_inference"]
+    assert grpc_address.startswith("127.0.0.1:")
+    np.testing.assert_allclose(triton_grpc_infer(grpc_address, model), X * 0.5)
     assert httpx.get(f"{pod.metrics}/metrics").status_code == 200
 
 
