@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-GRPCIO_TOOLS_VERSION = "1.85.1"
+GRPCIO_TOOLS_VERSION = "1.81.1"
 HERE = Path(__file__).resolve().parent
 PROTOS = HERE / "protos"
 GEN = HERE / "gen"
