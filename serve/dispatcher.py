@@ -207,6 +207,11 @@ class Dispatcher:
             else:
                 self._retry_or_fail(jobs, worker)
             return
+        except Exception:  # a bug here must still answer the batch, and say so in the log
+            logger.exception("Running a batch on worker %s failed", worker.worker_id)
+            for job in jobs:
+                job.fail(ServeError(f"Internal error running request {job.item.request_id}."))
+            return
         finally:
             watchdog.cancel()
             if worker.state == WorkerState.BUSY:

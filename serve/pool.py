@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from serve.config import ModelSettings
 from serve.dispatcher import Worker
@@ -147,6 +147,7 @@ class WorkerPool:
         self.slots: list[WorkerSlot] = []
         self.closing = False
         self._next_index = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references to background work
 
     # ----- what the dispatcher sees (WorkerSource) -----------------------------------------
 
@@ -162,7 +163,7 @@ class WorkerPool:
             if slot.process is not worker:
                 continue
             if slot.retiring:
-                asyncio.create_task(self._stop_slot(slot))
+                self._background(self._stop_slot(slot))
             elif worker.state == WorkerState.READY:
                 self._check_memory(slot)
 
@@ -186,7 +187,7 @@ class WorkerPool:
         proc.state = WorkerState.STOPPING
         slot.recycling = True
         self._on_recycle()
-        asyncio.create_task(proc.stop())
+        self._background(proc.stop())
 
     # ----- views ---------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class WorkerPool:
         slot.settled.set()
         proc = slot.process
         if proc is None or proc.state != WorkerState.BUSY:
-            asyncio.create_task(self._stop_slot(slot))
+            self._background(self._stop_slot(slot))
 
     async def wait_loaded(self) -> None:
         """Wait until every slot has loaded once or given up; raises if none could start."""
@@ -264,6 +265,22 @@ class WorkerPool:
                 await slot.process.stop(grace)
         finally:
             slot.stopped.set()
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that is kept alive and whose failure is logged."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "Stopping a worker of %s %s failed",
+                self.name,
+                self.version,
+                exc_info=task.exception(),
+            )
 
     # ----- supervision ---------------------------------------------------------------------
 

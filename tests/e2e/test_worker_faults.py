@@ -169,3 +169,31 @@ def test_a_worker_over_its_memory_cap_is_recycled_between_batches(server: Lanter
     )
     assert metric(server, "serve_worker_restarts_total", model="leaky") == 0  # not a crash
     assert "over its cap of 100 MiB" in server.log_text("lantern.log")
+
+
+# ----- a worker that cannot start shows as failed ----------------------------------------------
+
+
+def test_a_worker_that_cannot_start_shows_in_describe_ping_and_the_log(tmp_path: Path) -> None:
+    """A work_dir too long for a Unix socket: the worker fails with a clear reason (never a
+    supervisor that dies unseen), describe shows it DEAD and /ping answers 500."""
+    store = tmp_path / "store"
+    store.mkdir()
+    echo_archive(store, "nosock", config={"minWorkers": 1, "maxRetryTimeoutInSec": 0})
+    work_dir = tmp_path / ("w" * max(1, 110 - len(str(tmp_path))))
+    srv = LanternServer(tmp_path, store, ["nosock.mar"], env={"LANTERN_WORK_DIR": str(work_dir)})
+    srv.start(healthy=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            (worker,) = srv.describe("nosock")[0]["workers"]
+            if worker["status"] == "DEAD":
+                break
+            assert time.monotonic() < deadline, worker
+            time.sleep(0.1)
+        assert worker["pid"] == -1
+        assert srv.ping() == 500
+        log = srv.log_text("lantern.log")
+        assert "set a shorter work_dir" in log and "Giving up on worker nosock_1.0-w0" in log
+    finally:
+        srv.stop()

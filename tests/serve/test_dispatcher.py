@@ -369,3 +369,23 @@ def test_errors_from_a_live_worker_reach_only_their_own_request() -> None:
         assert f"request id {bad.request_id}" in failed.value.message
 
     run(scenario)
+
+
+def test_an_unexpected_error_running_a_batch_answers_it_500_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        dispatcher, pool, _ = make(1)
+        (worker,) = pool.workers_
+        future = dispatcher.submit(item())
+        await until(lambda: worker.holding)
+        assert worker._current is not None
+        worker._current.set_exception(KeyError("items"))  # e.g. a malformed result frame
+        with pytest.raises(ServeError) as failed:
+            await future
+        assert failed.value.status_code == 500
+        assert worker.state is WorkerState.READY  # the worker stays in service
+        assert dispatcher.in_flight == 0
+
+    asyncio.run(scenario())
+    assert any(r.exc_info and "Running a batch" in r.getMessage() for r in caplog.records)
