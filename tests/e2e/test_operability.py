@@ -304,6 +304,13 @@ def test_a_busy_address_is_named(folder: Folder) -> None:
             "Address already in use"
         ]
         assert not folder.record.exists()
+        # Attached, the same line and code.
+        attached = folder.start("--foreground", ports=ports)
+        assert attached.returncode == 4
+        assert attached.stderr.splitlines()[-1] == (
+            f"Error: Cannot listen on inference address http://127.0.0.1:{port}: "
+            "Address already in use"
+        )
     finally:
         busy.close()
 
