@@ -83,21 +83,16 @@ class GrpcServers:
         host = getattr(config, f"{name}_address")
         port = getattr(config, f"{name}_port")
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if config.enable_grpc_ssl:
-            assert config.private_key_file and config.certificate_file  # Config.validate
-            credentials = grpc.ssl_server_credentials(
-                [
-                    (
-                        Path(config.private_key_file).read_bytes(),
-                        Path(config.certificate_file).read_bytes(),
-                    )
-                ]
-            )
-            bound = server.add_secure_port(target, credentials)
-        else:
-            bound = server.add_insecure_port(target)
+        try:
+            if config.enable_grpc_ssl:
+                bound = server.add_secure_port(target, _credentials(config))
+            else:
+                bound = server.add_insecure_port(target)
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind gRPC {name.split('_')[1]} address {target}")
+            await self.stop(0)
+            raise OSError(f"Cannot listen for gRPC {name.split('_')[1]} on {target}")
         await server.start()
         self._servers.append(server)
         shown = f"[{host}]" if ":" in host else host
@@ -119,3 +114,10 @@ class GrpcServers:
                 await self._stopper
         else:
             await self.stop(0)
+
+
+def _credentials(config: Any) -> grpc.ServerCredentials:
+    """TLS from ``private_key_file`` and ``certificate_file`` (PEM), as TorchServe's gRPC."""
+    assert config.private_key_file and config.certificate_file  # Config.validate
+    key = Path(config.private_key_file).read_bytes()
+    return grpc.ssl_server_credentials([(key, Path(config.certificate_file).read_bytes())])

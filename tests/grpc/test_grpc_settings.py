@@ -146,4 +146,25 @@ def test_no_grpc_flag(tmp_path: Path) -> None:
         client = triton.InferenceServerClient(srv.inference.removeprefix("http://"))
         with pytest.raises(InferenceServerException) as info:
             client.is_server_live()
-        assert "gRPC is not served" in info.value.message()
+        if srv.http_server == "uvicorn":  # no HTTP/2: nothing answers gRPC at all
+            assert str(info.value.status()) == "StatusCode.UNAVAILABLE"
+        else:
+            assert "gRPC is not served" in info.value.message()
+
+
+def test_a_busy_grpc_port_is_a_clean_startup_error(tmp_path: Path) -> None:
+    import socket
+
+    store = tmp_path / "store"
+    store.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        srv = LanternServer(tmp_path, store, env={"LANTERN_GRPC_INFERENCE_PORT": str(port)})
+        with pytest.raises(RuntimeError) as info:
+            srv.start(timeout=60)
+        srv.stop()
+    assert f"Cannot listen for gRPC inference on 127.0.0.1:{port}" in str(info.value)
+    assert "Traceback" not in str(info.value)
+    assert srv.proc is not None and srv.proc.returncode == 1

@@ -450,3 +450,23 @@ def _wait_for(condition: Any, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met")
         time.sleep(0.02)
+
+
+def test_stream_predictions_errors(inference: Any, ts: SimpleNamespace, inf_md) -> None:
+    for model, data, code in [
+        ("nope", b"x", grpc.StatusCode.NOT_FOUND),
+        ("", b"x", grpc.StatusCode.INVALID_ARGUMENT),
+        ("echo", b"boom", grpc.StatusCode.INTERNAL),
+    ]:
+        replies = inference.StreamPredictions(predict(ts, model, data), metadata=inf_md)
+        with pytest.raises(grpc.RpcError) as info:
+            list(replies)
+        assert info.value.code() == code, (model, data)
+
+
+def test_describe_customized_runs_the_handler(
+    management: Any, ts: SimpleNamespace, mgmt_md
+) -> None:
+    request = ts.management_pb2.DescribeModelRequest(model_name="echo", customized=True)
+    data = json.loads(management.DescribeModel(request, metadata=mgmt_md).msg)
+    assert len(data) == 1 and "customizedMetadata" in data[0]
