@@ -168,10 +168,11 @@ def server(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     srv.stop()
 
 
-def predict(server: LanternServer, model: str, body: bytes, **headers: str) -> httpx.Response:
-    return httpx.post(
-        f"{server.inference}/predictions/{model}", content=body, headers=headers, timeout=60
-    )
+def predict(
+    server: LanternServer, model: str, body: bytes, method: str = "POST", **headers: str
+) -> httpx.Response:
+    url = f"{server.inference}/predictions/{model}"
+    return httpx.request(method, url, content=body, headers=headers, timeout=60)
 
 
 # ----- mnist: a grey PNG stays grey --------------------------------------------------------------
@@ -183,7 +184,7 @@ def test_mnist_grey_png_answers_the_digit_the_model_gives(built: Built, server: 
         png = grey_png(seed)
         with torch.inference_mode():
             expected = built.mnist(grey(Image.open(io.BytesIO(png))).unsqueeze(0)).argmax(1).item()
-        response = predict(server, "mnist", png)
+        response = predict(server, "mnist", png, "PUT")  # curl -T, as the example's README
         assert response.status_code == 200, response.text
         assert response.json() == expected
 

@@ -158,7 +158,7 @@ OVERRIDING_HANDLER = """
 
 
 def test_an_overridden_pickled_loader_still_ends_in_eval(tmp_path) -> None:
-    model_py = write(tmp_path / "src" / "model.py", MODEL_PY)
+    model_py = write(tmp_path / "src" / "dropper_model.py", MODEL_PY)  # a unique module name
     handler = write(tmp_path / "src" / "overriding.py", OVERRIDING_HANDLER)
     namespace: dict = {}
     exec(model_py.read_text(), namespace)
