@@ -373,6 +373,8 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         if kind.startswith("bool"):
             if isinstance(raw, bool):
                 return raw
+            if raw is None and "None" in kind:
+                return None
             text = str(raw).strip().lower()
             if text in ("true", "1", "yes", "on"):
                 return True
