@@ -40,7 +40,15 @@ from handlers.exceptions import report_failure
 from handlers.tensor_models import Job, ModelAdapter, Outputs
 from serve.errors import BadRequest, ServeError
 from serve.protocol import Frame, MsgType
-from serve.protocols import KINDS, KSERVE_V1, METADATA, OIP, OUTPUTS_HEADER, kserve_v1
+from serve.protocols import (
+    KINDS,
+    KSERVE_V1,
+    MAX_ELEMENTS_HEADER,
+    METADATA,
+    OIP,
+    OUTPUTS_HEADER,
+    kserve_v1,
+)
 from serve.protocols.kserve_v1 import V1Request
 from serve.protocols.tensors import array_from_json, bf16_to_float32, datatype_of
 from serve.protocols.wire import Tensor, encode_bundle, is_tensor_param, tensor_from_param
@@ -241,7 +249,8 @@ def _decode(index: int, req: dict[str, Any], kind: str, payloads: list[bytes]) -
         ]
         if len(bodies) != 1:
             raise BadRequest("a KServe v1 request needs one JSON body")
-        pending.v1 = kserve_v1.parse_predict(bodies[0])
+        limit = (req.get("headers") or {}).get(MAX_ELEMENTS_HEADER)
+        pending.v1 = kserve_v1.parse_predict(bodies[0], int(limit) if limit else None)
     return pending
 
 

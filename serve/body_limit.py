@@ -9,10 +9,9 @@ app code runs; there the 413 follows at once and the connection is closed (docs/
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from serve.errors import PayloadTooLarge, error_body
+from serve.edge import answer_error
 from serve.inputs import too_large
 
 
@@ -25,7 +24,7 @@ class DeclaredSizeLimit:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self._declared(scope) > self.max_size:
-            await self._refuse(scope, send)
+            await answer_error(scope, send, too_large(self.max_size))
             return
         await self.app(scope, receive, send)
 
@@ -38,18 +37,3 @@ class DeclaredSizeLimit:
                 except ValueError:
                     return -1  # the server's parser refuses those before we get here
         return -1
-
-    async def _refuse(self, scope: Any, send: Any) -> None:
-        err: PayloadTooLarge = too_large(self.max_size)
-        path = scope.get("path", "")
-        if path.startswith(("/v1/", "/v2/")):  # those protocols' error shape
-            body = json.dumps({"error": err.message}).encode()
-        else:
-            body = error_body(err)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),  # the body is not read: the connection cannot be reused
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})

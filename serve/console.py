@@ -8,9 +8,11 @@ kept; none of it can grow the disk without bound.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 from pathlib import Path
+from typing import BinaryIO
 
 from serve.logs import rotate_files
 
@@ -43,18 +45,31 @@ class RotatingConsole:
         atexit.register(restore)
 
     def _copy(self) -> None:
-        out = open(self.path, "ab")
+        out = None
         try:
             while data := os.read(self._read, _CHUNK):
-                if self.max_bytes > 0 and out.tell() + len(data) > self.max_bytes and out.tell():
-                    out.close()
-                    rotate_files(self.path, self.backup_count)
-                    out = open(self.path, "ab")
-                out.write(data)
-                out.flush()
+                try:
+                    out = self._write_out(out, data)
+                except OSError:  # disk full, folder gone: drop it, but keep draining the pipe
+                    if out is not None:  # (a pipe nobody reads would block every stderr write)
+                        with contextlib.suppress(OSError):
+                            out.close()
+                    out = None
         finally:
-            out.close()
+            if out is not None:
+                out.close()
             os.close(self._read)
+
+    def _write_out(self, out: BinaryIO | None, data: bytes) -> BinaryIO:
+        if out is None:
+            out = open(self.path, "ab")
+        if self.max_bytes > 0 and out.tell() and out.tell() + len(data) > self.max_bytes:
+            out.close()
+            rotate_files(self.path, self.backup_count)
+            out = open(self.path, "ab")
+        out.write(data)
+        out.flush()
+        return out
 
 
 def capture_console(path: Path, max_bytes: int, backup_count: int) -> None:

@@ -9,10 +9,10 @@ is closed after it. Requests accepted before SIGTERM are not affected: they fini
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-from serve.errors import ShuttingDown, error_body
+from serve.edge import answer_error
+from serve.errors import ShuttingDown
 
 MESSAGE = "The server is shutting down; retry on another instance."
 
@@ -28,15 +28,4 @@ class Draining:
         if scope["type"] != "http" or not self.stopping.is_set():
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        if path.startswith(("/v1/", "/v2/")) or path == "/v2":  # those protocols' error shape
-            body = json.dumps({"error": MESSAGE}).encode()
-        else:
-            body = error_body(ShuttingDown(MESSAGE))
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await answer_error(scope, send, ShuttingDown(MESSAGE))

@@ -3,8 +3,8 @@
 A 5 MB JSON tensor body takes the better part of a second to check and convert; on the event loop
 that stalls every port. Bodies over `INLINE_MAX` bytes are decoded on a small thread pool of its
 own (so that archive extraction on the default pool is not held up). Smaller ones stay inline:
-measured on this project's machines, the thread hop (~0.1-0.15 ms) costs more than decoding a body
-of a few KiB, and about the same as one of 16 KiB.
+measured with ``python -m bench.decode``, the thread hop (~0.1 ms) costs more than decoding a body
+of a few KiB, and a 16 KiB body decoded inline holds the loop for about 1-2 ms.
 
 What a thread cannot do: ``json.loads`` is one C call that holds the GIL, about 30 ns per byte, so
 the loop still pauses that long once per big body; ``max_request_size`` bounds it, and the

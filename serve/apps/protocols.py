@@ -44,6 +44,7 @@ from serve.model import ModelVersion
 from serve.offload import run_sized
 from serve.protocols import (
     KSERVE_V1,
+    MAX_ELEMENTS_HEADER,
     METADATA,
     OIP,
     OUTPUTS_HEADER,
@@ -329,6 +330,7 @@ class _Protocols:
         try:
             body = await read_body(request, self.state.config.max_request_size)
             headers = _forward_headers(request, KSERVE_V1)
+            headers[MAX_ELEMENTS_HEADER] = str(self.state.config.max_request_elements)
             if action == "explain":
                 headers["explain"] = "True"
             item = BatchItem(rid, headers, [("body", "application/json", body)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 PROTOCOL_HEADER = "x-lantern-protocol"
 OUTPUTS_HEADER = "x-lantern-outputs"
 PARAMETERS_HEADER = "x-lantern-parameters"
+MAX_ELEMENTS_HEADER = "x-lantern-max-elements"  # KServe v1: max_request_elements, for the worker
 OIP = "oip"
 KSERVE_V1 = "kserve-v1"
 METADATA = "metadata"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from serve.errors import BadRequest
+from serve.errors import BadRequest, PayloadTooLarge
 from serve.json_input import TOO_DEEP, parse_json
 
 DATA = "data"  # the row key of an unnamed instance (TorchServe handlers read row["data"])
@@ -67,13 +67,41 @@ def _row(value: Any) -> dict[str, Any]:
     return {DATA: decode_b64(value)}
 
 
-def parse_predict(body: bytes) -> V1Request:
-    """Parse a predict/explain body; raises ``BadRequest`` with TF Serving-like messages."""
+def parse_predict(body: bytes, max_elements: int | None = None) -> V1Request:
+    """Parse a predict/explain body; raises ``BadRequest`` with TF Serving-like messages.
+
+    ``max_elements`` caps the values in the body (numbers, strings, ``{"b64"}`` objects): 413 past
+    it, before any of them is converted.
+    """
     doc = parse_json(body)
+    if max_elements is not None:
+        count = count_values(doc, max_elements)
+        if count > max_elements:
+            raise PayloadTooLarge(
+                f"the request holds more than {max_elements} values; this server accepts at "
+                "most that many per request (max_request_elements)"
+            )
     try:
         return _parse_doc(doc)
     except RecursionError:  # b64 values looked for in a (legally) deep document
         raise BadRequest(f"the request JSON {TOO_DEEP}") from None
+
+
+def count_values(doc: Any, limit: int) -> int:
+    """The scalar values in ``doc`` (a ``{"b64"}`` object is one), counting stops past ``limit``."""
+    count = 0
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict) and not _is_b64(value):
+            stack.extend(value.values())
+        else:
+            count += 1
+            if count > limit:
+                break
+    return count
 
 
 def _parse_doc(doc: Any) -> V1Request:

@@ -152,6 +152,16 @@ def test_too_many_elements_is_a_413_before_decoding(server: LanternServer) -> No
     assert resp.json()["outputs"][0]["data"] == [3]
 
 
+def test_too_many_kserve_v1_values_is_a_413(server: LanternServer) -> None:
+    body = json.dumps({"instances": [0] * (MAX_ELEMENTS + 1)})
+    url = f"{server.inference}/v1/models/echo:predict"
+    resp = httpx.post(url, content=body, timeout=60)
+    assert resp.status_code == 413
+    assert "max_request_elements" in resp.json()["error"]
+    resp = httpx.post(url, json={"instances": [1, 2]}, timeout=60)
+    assert resp.status_code == 200
+
+
 def test_big_json_bodies_do_not_stall_other_models(server: LanternServer) -> None:
     # Two clients post 700,000-element BYTES bodies (5.6 MB each, under the default 6.5 MB
     # limit). Meanwhile another model is asked in a loop; with decoding on the event loop, it

@@ -88,6 +88,7 @@ def test_declared_size_limit_answers_before_reading() -> None:
     sent = asyncio.run(_call(app, "/predictions/m", [(b"content-length", b"101")]))
     assert sent[0]["status"] == 413
     assert (b"connection", b"close") in sent[0]["headers"]
+    assert b"x-request-id" in dict(sent[0]["headers"])  # like every other answer
     assert json.loads(sent[1]["body"])["type"] == "PayloadTooLarge"
     sent = asyncio.run(_call(app, "/v2/models/m/infer", [(b"content-length", b"101")]))
     assert "max_request_size" in json.loads(sent[1]["body"])["error"]
