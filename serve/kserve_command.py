@@ -53,7 +53,11 @@ def kserve(
     config_file: str | None,
     pid_file: str | None,
 ) -> None:
-    """Serve /mnt/models as a KServe ServingRuntime's container does (foreground)."""
+    """Serve /mnt/models as KServe's runtime container.
+
+    The container command of deploy/kserve/servingruntime.yaml (docs/scale-out.md); it runs in the
+    foreground.
+    """
     from serve.cli import _run_foreground, _state_file
 
     env = dict(os.environ)

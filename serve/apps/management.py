@@ -149,7 +149,9 @@ def workflow_routes(state: ServerState, require_model_api: Callable[[], None]) -
         if not url:
             raise BadRequest("Parameter url is required.")
         wf = await workflows().register(url, manage.text_param(params.get("workflow_name")) or None)
-        return _status(f"Workflow {wf.name} has been registered and scaled successfully.")
+        return _status(
+            manage.Reply(f"Workflow {wf.name} has been registered and scaled successfully.")
+        )
 
     async def list_workflows(request: Request) -> Response:
         limit = parse_int(request.query_params, "limit", 100)
@@ -165,7 +167,7 @@ def workflow_routes(state: ServerState, require_model_api: Callable[[], None]) -
     async def unregister_workflow(request: Request) -> Response:
         require_model_api()
         wf = await workflows().unregister(request.path_params["workflow"])
-        return _status(f'Workflow "{wf.name}" unregistered')
+        return _status(manage.Reply(f'Workflow "{wf.name}" unregistered'))
 
     return [
         Route("/workflows", list_workflows, methods=["GET"]),

@@ -50,7 +50,10 @@ def serve_config(
 
 @click.group(name="ray")
 def ray_group() -> None:
-    """Serve a model store on a Ray cluster (pip install 'lantern-serve[ray]')."""
+    """Serve a model store on a Ray cluster.
+
+    Needs Ray: pip install 'lantern-serve[ray]' (docs/scale-out.md).
+    """
 
 
 def _options(fn: Any) -> Any:

@@ -382,7 +382,9 @@ def test_help_lists_every_command_whole_and_states_defaults(tmp_path: Path) -> N
     top = serve("--help", cwd=tmp_path)
     commands = top.stdout.split("Commands:")[1].splitlines()
     assert [line.split()[0] for line in commands if line.strip()] == [
+        "kserve",
         "logs",
+        "ray",
         "start",
         "status",
         "stop",
@@ -391,7 +393,7 @@ def test_help_lists_every_command_whole_and_states_defaults(tmp_path: Path) -> N
     start = " ".join(serve("start", "--help", cwd=tmp_path).stdout.split())
     for default in (
         "--ncs, --no-config-snapshots Neither restore nor write config snapshots. Default:",
-        "(default hypercorn;",
+        "auto (default): uvicorn, or hypercorn when HTTP/2 is asked for.",
         "(default text)",
         "Default: $LANTERN_PID_FILE, else $XDG_RUNTIME_DIR/lantern/server.json, else "
         "~/.lantern/server.json",

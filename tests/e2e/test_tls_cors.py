@@ -298,7 +298,10 @@ def test_self_signed_when_no_certificate_is_configured(tmp_path: Path) -> None:
     try:
         assert started.returncode == 0, started.stderr
         info: dict[str, Any] = json.loads(record.read_text())
-        assert started.stdout.splitlines()[1] == f"  inference  {info['addresses']['inference']}"
+        lines = started.stdout.splitlines()
+        assert lines[0].startswith("HTTP server: ")  # which server runs, and why
+        running = next(i for i, line in enumerate(lines) if line.startswith("Lantern is running"))
+        assert lines[running + 1] == f"  inference  {info['addresses']['inference']}"
         assert info["addresses"]["inference"].startswith("https://")
         status = serve("status", "--pid-file", str(record), cwd=tmp_path)
         assert status.returncode == 0, status.stderr

@@ -146,7 +146,7 @@ def test_no_grpc_flag(tmp_path: Path) -> None:
         client = triton.InferenceServerClient(srv.inference.removeprefix("http://"))
         with pytest.raises(InferenceServerException) as info:
             client.is_server_live()
-        if srv.http_server == "uvicorn":  # no HTTP/2: nothing answers gRPC at all
+        if srv.runs_uvicorn:  # no HTTP/2: nothing answers gRPC at all
             assert str(info.value.status()) == "StatusCode.UNAVAILABLE"
         else:
             assert "gRPC is not served" in info.value.message()
@@ -168,3 +168,18 @@ def test_a_busy_grpc_port_is_a_clean_startup_error(tmp_path: Path) -> None:
     assert f"Cannot listen for gRPC inference on 127.0.0.1:{port}" in str(info.value)
     assert "Traceback" not in str(info.value)
     assert srv.proc is not None and srv.proc.returncode == 1
+
+
+def test_a_grpc_client_on_hypercorns_http_port_is_told_where_grpc_is(tmp_path: Path) -> None:
+    """hypercorn speaks HTTP/2, so a gRPC call reaching an HTTP port is answered UNIMPLEMENTED
+    with the gRPC address (uvicorn, the default, refuses the HTTP/2 connection instead)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with LanternServer(tmp_path, store, http_server="hypercorn") as srv:
+        client = triton.InferenceServerClient(srv.inference.removeprefix("http://"))
+        with pytest.raises(InferenceServerException) as info:
+            client.is_server_live()
+        assert str(info.value.status()) == "StatusCode.UNIMPLEMENTED"
+        assert f"gRPC inference calls go to {srv.grpc_inference}" in info.value.message()
+        log = srv.log_text("lantern.log") + srv.console_text()
+        assert "Traceback" not in log and "KeyError" not in log

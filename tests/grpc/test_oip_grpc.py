@@ -237,7 +237,7 @@ def test_a_grpc_client_on_the_http_port_gets_a_clean_error(server: LanternServer
     http = triton.InferenceServerClient(server.inference.removeprefix("http://"))
     with pytest.raises(InferenceServerException) as info:
         http.is_server_live()
-    if server.http_server == "uvicorn":  # no HTTP/2 at all: the connection is refused at once
+    if server.runs_uvicorn:  # no HTTP/2 at all: the connection is refused at once
         assert str(info.value.status()) == "StatusCode.UNAVAILABLE"
     else:
         assert str(info.value.status()) == "StatusCode.UNIMPLEMENTED"

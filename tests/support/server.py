@@ -138,6 +138,15 @@ class LanternServer:
         self.stop()
         raise TimeoutError(f"server not ready in {timeout} s:\n{self.console_text()}")
 
+    @property
+    def runs_uvicorn(self) -> bool:
+        """Whether uvicorn serves HTTP: named, or picked by ``auto`` (the default) unless
+        HTTP/2 is asked for (then hypercorn)."""
+        if self.http_server in ("hypercorn", "uvicorn"):
+            return self.http_server == "uvicorn"
+        http2 = (self.env or {}).get("LANTERN_HTTP2", os.environ.get("LANTERN_HTTP2", ""))
+        return http2.strip().lower() not in ("1", "true", "yes", "on")
+
     def console_text(self) -> str:
         path = self.workdir / "console.log"
         return path.read_text(errors="replace")[-5000:] if path.exists() else ""
