@@ -3,7 +3,8 @@
 A worker used to be a fresh ``python -m serve.worker`` that imported torch (1–2 s of CPU) before it
 could load its model, so a crashed worker's replacement, or a scale-up, took 1.2–2.2 s to be
 READY. A spare is the same interpreter started ahead of time, ``python -m serve.worker --spare``:
-it imports the heavy frameworks (`PRELOAD`), says ``SPARE-READY`` on stdout and waits for one line
+it imports the heavy frameworks (of `PRELOADABLE`, those the server's workers use), says
+``SPARE-READY`` on stdout and waits for one line
 on stdin, the worker's spec. From then on it is an ordinary worker (same code, same socket
 protocol); the pool starts the next spare in the background.
 
