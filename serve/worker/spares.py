@@ -12,7 +12,7 @@ Why not fork a zygote that has imported torch: a fork inherits every thread and 
 parent, and torch's (OpenMP, CUDA) must never be forked once initialised; a spare is a fresh
 ``exec`` that has not touched CUDA (importing torch does not initialise it), so nothing is shared.
 The price is memory: each spare holds an idle interpreter with torch imported (~700 MB RSS with
-torch 2.14; ``docs/performance.md``), and the CPU to start it, spent right after a spare is taken.
+torch 2.14; ``docs/performance.md``), and the CPU to start it, spent once no worker is starting.
 A spare imports torch, torchvision or ONNX Runtime once a worker of this server has loaded them
 (workers report what they imported; a spare started before that is replaced), so a spare that
 becomes a worker carries no framework that the server's models do not use, and a server of
@@ -68,12 +68,22 @@ class SparePool:
         self.preload: set[str] = set()
         self._ready: list[asyncio.subprocess.Process] = []
         self._preloaded: dict[asyncio.subprocess.Process, frozenset[str]] = {}
+        self._worker_starts = 0  # workers starting now: spares wait until they are done
         self._starting: set[asyncio.Task[None]] = set()
         self._all: set[asyncio.subprocess.Process] = set()
         self.closed = False
 
+    def worker_starting(self) -> None:
+        """A worker start began: no spare starts (no torch import) until every such start ends."""
+        self._worker_starts += 1
+
+    def worker_started(self) -> None:
+        """A worker start ended (READY or failed); the last one lets the pool refill."""
+        self._worker_starts = max(0, self._worker_starts - 1)
+        self.refill()
+
     def take(self) -> asyncio.subprocess.Process | None:
-        """A ready spare, or None (then the caller starts a fresh worker); refills either way."""
+        """A ready spare, or None (then the caller starts a fresh worker)."""
         spare = None
         while self._ready:
             candidate = self._ready.pop(0)
@@ -82,7 +92,6 @@ class SparePool:
                 self._all.discard(spare)
                 self._preloaded.pop(spare, None)
                 break
-        self.refill()
         return spare
 
     def learn(self, modules: list[str]) -> None:
@@ -96,6 +105,7 @@ class SparePool:
         for proc in stale:
             self._ready.remove(proc)
             self._discard(proc)
+            logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, ", ".join(new))
         self.refill()
 
     def _discard(self, proc: asyncio.subprocess.Process) -> None:
@@ -107,8 +117,9 @@ class SparePool:
         self._preloaded.pop(proc, None)
 
     def refill(self) -> None:
-        """Start spares until ``size`` are ready or starting."""
-        if self.closed:
+        """Start spares until ``size`` are ready or starting, unless workers are starting: their
+        model loads come first (a spare's torch import would compete for the same cores)."""
+        if self.closed or self._worker_starts:
             return
         for _ in range(self.size - len(self._ready) - len(self._starting)):
             task = asyncio.create_task(self._start_one())
@@ -147,6 +158,7 @@ class SparePool:
             return
         if not self.preload <= preload:  # the server learnt of a framework meanwhile: redo
             self._discard(proc)
+            logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, "a framework")
             self._starting.discard(asyncio.current_task())  # type: ignore[arg-type]
             self.refill()
             return
