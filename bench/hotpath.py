@@ -3,7 +3,7 @@
 End-to-end CPU per request moves by a few µs with each of these changes, less than a shared
 machine's run-to-run noise; timed alone, in one process, one after the other, the ratios are
 steady. Each line times the previous implementation (kept here, verbatim in behaviour) against the
-current one, best of ``--repeats`` runs of ``--number`` calls:
+current one, best of ``--repeats`` runs of ``--number`` calls, the two alternating:
 
 * request id: ``str(uuid.uuid4())`` (an ``os.urandom`` system call) vs `serve.request_ids`;
 * IPC metadata: ``json.dumps(meta, separators=...)`` (a new ``JSONEncoder`` per call) vs the one
@@ -58,9 +58,16 @@ def _meta(batch: int) -> dict[str, Any]:
     }
 
 
-def _best(fn: Callable[[], Any], number: int, repeats: int) -> float:
-    """Seconds per call, best of ``repeats``."""
-    return min(timeit.repeat(fn, number=number, repeat=repeats)) / number
+def _best_pair(
+    before: Callable[[], Any], after: Callable[[], Any], number: int, repeats: int
+) -> tuple[float, float]:
+    """Seconds per call of each, best of ``repeats``; the two alternate, so that a shared
+    machine's load drifting between them weighs on both."""
+    b, a = [], []
+    for _ in range(repeats):
+        b.append(timeit.timeit(before, number=number))
+        a.append(timeit.timeit(after, number=number))
+    return min(b) / number, min(a) / number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"{'piece':<28} {'before µs':>10} {'after µs':>9} {'after/before':>12}")
     for name, before, after, number in cases:
-        b = _best(before, number, r) * 1e6
-        a = _best(after, number, r) * 1e6
+        b, a = (t * 1e6 for t in _best_pair(before, after, number, r))
         print(f"{name:<28} {b:>10.2f} {a:>9.2f} {a / b:>12.2f}")
     print(f"\nbest of {r} × {n} calls (8 MB: {max(1, n // 1000)}); one process, in turn.")
     return 0

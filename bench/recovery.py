@@ -121,7 +121,8 @@ def has_ready_spare(lantern: LanternProcess) -> bool:
     """The pool has a spare waiting: more spares became ready than workers started from one."""
     log = lantern.work / "logs" / "lantern.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    return text.count("Spare worker ready") > text.count("started from a warm spare")
+    used = text.count("started from a warm spare") + text.count("Spare worker replaced")
+    return text.count("Spare worker ready") > used
 
 
 def wait_spare(lantern: LanternProcess, spares: int) -> None:

@@ -309,7 +309,7 @@ def main(argv: list[str]) -> int:
     if argv[1] == "--spare":  # a warm spare: the spec comes on stdin when a worker is needed
         from serve.worker.spares import wait_as_spare
 
-        spare_spec = wait_as_spare(argv[2].split(",") if len(argv) > 2 else ["torch"])
+        spare_spec = wait_as_spare(argv[2].split(",") if len(argv) > 2 else [])
         if spare_spec is None:
             return 0
         spec = spare_spec

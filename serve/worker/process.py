@@ -96,6 +96,8 @@ class WorkerProcess:
         server = await asyncio.start_unix_server(on_connect, path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         spec = dict(self.spec, socket=str(self.socket_path), worker_id=self.worker_id)
+        if self.spares is not None:
+            self.spares.worker_starting()
         try:
             self.proc = await self._spawn(spec)
             self.pid = self.proc.pid
@@ -130,6 +132,8 @@ class WorkerProcess:
             server.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+            if self.spares is not None:
+                self.spares.worker_started()
 
     async def _spawn(self, spec: dict[str, Any]) -> asyncio.subprocess.Process:
         """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh

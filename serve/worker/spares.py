@@ -3,7 +3,8 @@
 A worker used to be a fresh ``python -m serve.worker`` that imported torch (1–2 s of CPU) before it
 could load its model, so a crashed worker's replacement, or a scale-up, took 1.2–2.2 s to be
 READY. A spare is the same interpreter started ahead of time, ``python -m serve.worker --spare``:
-it imports the heavy frameworks (`PRELOAD`), says ``SPARE-READY`` on stdout and waits for one line
+it imports the heavy frameworks (of `PRELOADABLE`, those the server's workers use), says
+``SPARE-READY`` on stdout and waits for one line
 on stdin, the worker's spec. From then on it is an ordinary worker (same code, same socket
 protocol); the pool starts the next spare in the background.
 
@@ -11,10 +12,11 @@ Why not fork a zygote that has imported torch: a fork inherits every thread and 
 parent, and torch's (OpenMP, CUDA) must never be forked once initialised; a spare is a fresh
 ``exec`` that has not touched CUDA (importing torch does not initialise it), so nothing is shared.
 The price is memory: each spare holds an idle interpreter with torch imported (~700 MB RSS with
-torch 2.14; ``docs/performance.md``), and the CPU to start it, spent right after a spare is taken.
-A spare imports torch, and torchvision or ONNX Runtime once a worker of this server has loaded
-them (workers report what they imported), so a spare that becomes a worker carries no framework
-that the server's models do not use.
+torch 2.14; ``docs/performance.md``), and the CPU to start it, spent once no worker is starting.
+A spare imports torch, torchvision or ONNX Runtime once a worker of this server has loaded them
+(workers report what they imported; a spare started before that is replaced), so a spare that
+becomes a worker carries no framework that the server's models do not use, and a server of
+torch-free models keeps a bare interpreter.
 
 Spares share one environment, the server's (`worker_base_env`); a worker's thread share reaches
 it through its spec (``torch.set_num_threads`` and ONNX Runtime's session options) instead of
@@ -34,10 +36,10 @@ from typing import Any
 # The server log, not the model log that "serve.worker.*" records go to.
 logger = logging.getLogger("serve.spares")
 
-# What a spare may import before it is needed (each only if installed): torch always; the others
-# once a worker of this server has used them (torchvision alone adds ~170 MB to a worker).
+# What a spare may import before it is needed (each only if installed), once a worker of this
+# server has used it: torch is ~700 MB of RSS and torchvision ~170 MB more, which a server of
+# torch-free models should not carry.
 PRELOADABLE = ("torch", "torchvision", "onnxruntime")
-ALWAYS = ("torch",)
 READY_LINE = b"SPARE-READY\n"
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -63,31 +65,61 @@ class SparePool:
         self.env = dict(env)
         for key in _THREAD_VARS:  # the worker's share comes with its spec
             self.env.setdefault(key, "1")
-        self.preload: set[str] = set(ALWAYS)
+        self.preload: set[str] = set()
         self._ready: list[asyncio.subprocess.Process] = []
+        self._preloaded: dict[asyncio.subprocess.Process, frozenset[str]] = {}
+        self._worker_starts = 0  # workers starting now: spares wait until they are done
         self._starting: set[asyncio.Task[None]] = set()
         self._all: set[asyncio.subprocess.Process] = set()
         self.closed = False
 
+    def worker_starting(self) -> None:
+        """A worker start began: no spare starts (no torch import) until every such start ends."""
+        self._worker_starts += 1
+
+    def worker_started(self) -> None:
+        """A worker start ended (READY or failed); the last one lets the pool refill."""
+        self._worker_starts = max(0, self._worker_starts - 1)
+        self.refill()
+
     def take(self) -> asyncio.subprocess.Process | None:
-        """A ready spare, or None (then the caller starts a fresh worker); refills either way."""
+        """A ready spare, or None (then the caller starts a fresh worker)."""
         spare = None
         while self._ready:
             candidate = self._ready.pop(0)
             if candidate.returncode is None:
                 spare = candidate
                 self._all.discard(spare)
+                self._preloaded.pop(spare, None)
                 break
-        self.refill()
         return spare
 
     def learn(self, modules: list[str]) -> None:
-        """Frameworks a loaded worker imported: later spares preload them too."""
-        self.preload |= set(modules) & set(PRELOADABLE)
+        """Frameworks a loaded worker imported: spares preload them from now on, and ready ones
+        that lack one are replaced."""
+        new = set(modules) & set(PRELOADABLE)
+        if new <= self.preload:
+            return
+        self.preload |= new
+        stale = [p for p in self._ready if not self.preload <= self._preloaded.get(p, set())]
+        for proc in stale:
+            self._ready.remove(proc)
+            self._discard(proc)
+            logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, ", ".join(new))
+        self.refill()
+
+    def _discard(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                proc.stdin.close()  # EOF: the spare exits by itself
+        _kill(proc)
+        self._all.discard(proc)
+        self._preloaded.pop(proc, None)
 
     def refill(self) -> None:
-        """Start spares until ``size`` are ready or starting."""
-        if self.closed:
+        """Start spares until ``size`` are ready or starting, unless workers are starting: their
+        model loads come first (a spare's torch import would compete for the same cores)."""
+        if self.closed or self._worker_starts:
             return
         for _ in range(self.size - len(self._ready) - len(self._starting)):
             task = asyncio.create_task(self._start_one())
@@ -95,13 +127,14 @@ class SparePool:
             task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
+        preload = frozenset(self.preload)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "serve.worker",
                 "--spare",
-                ",".join(sorted(self.preload)),
+                ",".join(sorted(preload)),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -119,13 +152,23 @@ class SparePool:
             _kill(proc)
             raise
         if line != READY_LINE or self.closed:
-            if line != READY_LINE:
+            if line != READY_LINE:  # not retried: the next worker start tries again
                 logger.warning("A spare worker exited while starting (pid %s)", proc.pid)
-            _kill(proc)
-            self._all.discard(proc)
+            self._discard(proc)
+            return
+        if not self.preload <= preload:  # the server learnt of a framework meanwhile: redo
+            self._discard(proc)
+            logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, "a framework")
+            self._starting.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self.refill()
             return
         self._ready.append(proc)
-        logger.info("Spare worker ready (pid %s)", proc.pid)
+        self._preloaded[proc] = preload
+        logger.info(
+            "Spare worker ready (pid %s, preloaded: %s)",
+            proc.pid,
+            ", ".join(sorted(preload)) or "nothing",
+        )
 
     async def stop(self) -> None:
         """Stop every spare (EOF on stdin, then SIGKILL)."""
@@ -142,6 +185,7 @@ class SparePool:
                 await asyncio.wait_for(proc.wait(), 5.0)
         self._all.clear()
         self._ready.clear()
+        self._preloaded.clear()
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,13 @@ def test_default_is_uvicorn_and_says_why(tmp_path: Path, store: Path) -> None:
         assert resp.headers["server"] == "uvicorn"
         assert resp.http_version == "HTTP/1.1"
         assert "HTTP server: uvicorn (auto: fastest for HTTP/1.1" in server.log_text("lantern.log")
+        # Not the choice of server, but this torch-free server is the place to see it: its warm
+        # spare preloads nothing, since no worker of it imported torch (serve/worker/spares.py).
+        deadline = time.monotonic() + 60
+        while "preloaded: nothing" not in server.log_text("lantern.log"):
+            assert time.monotonic() < deadline, "no spare became ready in 60 s"
+            time.sleep(0.05)
+        assert "preloaded: torch" not in server.log_text("lantern.log")
 
 
 def test_http2_asked_for_picks_hypercorn_and_serves_http2(tmp_path: Path, store: Path) -> None:

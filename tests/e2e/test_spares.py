@@ -31,9 +31,16 @@ def spares_of(server: LanternServer) -> list[int]:
 
 
 def ready_spares(server: LanternServer) -> list[int]:
-    """Spares that finished preloading (the pool logs each) and still wait for a spec."""
+    """Spares that imported torch (the pool logs each when ready) and still wait for a spec.
+
+    The first spare starts before any worker has loaded, with nothing preloaded; once the
+    worker reports that it imported torch, the pool replaces it with one that has."""
     log = server.log_text("lantern.log")
-    return [pid for pid in spares_of(server) if f"Spare worker ready (pid {pid})" in log]
+    return [
+        pid
+        for pid in spares_of(server)
+        if f"Spare worker ready (pid {pid}, preloaded: torch)" in log
+    ]
 
 
 def wait_for(check: Callable[[], T], timeout: float, what: str) -> T:
