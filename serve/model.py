@@ -217,7 +217,15 @@ class ModelVersion:
             self.socket_dir,
             env=self._worker_env(),
             spares=self.spares,
+            use_spare=self._loads_torch(),
         )
+
+    def _loads_torch(self) -> bool:
+        """Whether a worker of this version has imported torch: only then does a spare (an
+        interpreter with torch imported) fit it. A version's first worker starts cold, and a
+        torch-free handler's workers stay free of torch: their memory (the RSS cap, admission)
+        is their own."""
+        return any("torch" in (getattr(s.process, "modules", None) or ()) for s in self.pool.slots)
 
     def _gpu_for(self, index: int) -> int | None:
         if (self.settings.device_type or "").lower() == "cpu":

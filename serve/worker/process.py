@@ -51,9 +51,12 @@ class WorkerProcess:
         *,
         env: dict[str, str] | None = None,
         spares: SparePool | None = None,
+        use_spare: bool = True,
     ) -> None:
         self.worker_id = worker_id
         self.spares = spares
+        self.use_spare = use_spare  # False: start cold even when a spare is ready
+        self.modules: list[str] | None = None  # the frameworks it imported, once loaded
         self.spec = spec
         # A short random name: the path must not grow with the model's name (sun_path limit).
         self.socket_path = socket_dir / f"w-{secrets.token_hex(6)}.sock"
@@ -119,8 +122,9 @@ class WorkerProcess:
             )
             if loaded.type == MsgType.LOAD_FAILED:
                 raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
+            self.modules = list(loaded.meta.get("modules") or [])
             if self.spares is not None:
-                self.spares.learn(loaded.meta.get("modules") or [])
+                self.spares.learn(self.modules)
             self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
             self.gpu_memory: int | None = loaded.meta.get("gpu_memory")  # bytes torch holds
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
@@ -138,7 +142,7 @@ class WorkerProcess:
     async def _spawn(self, spec: dict[str, Any]) -> asyncio.subprocess.Process:
         """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh
         interpreter given it on its command line."""
-        spare = self.spares.take() if self.spares is not None else None
+        spare = self.spares.take() if self.spares is not None and self.use_spare else None
         if spare is not None:
             assert spare.stdin is not None
             try:

@@ -13,7 +13,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from tests.support.server import HANDLERS, LanternServer, build_archive, pid_alive
+from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive, pid_alive
 
 T = TypeVar("T")
 CORES = len(os.sched_getaffinity(0))
@@ -88,3 +88,30 @@ def test_spares_end_with_the_server(server: LanternServer) -> None:
     server.proc.wait(60)
     # The server stops its spares on the way out; a spare that outlived it would be a leak.
     wait_for(lambda: not any(pid_alive(p) for p in spares), 10, "the spares to exit")
+
+
+def torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_a_torch_free_models_replacement_never_takes_a_torch_spare(
+    tmp_path: Path,
+) -> None:
+    """Beside a torch model, the spares import torch; a torch-free model's crashed worker is
+    replaced cold, so it stays free of torch (and of torch's ~700 MB for its RSS cap)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    build_archive(store, "t", HANDLERS / "threads_handler.py", config={"minWorkers": 1})
+    echo_archive(store, "e", config={"minWorkers": 1})
+    with LanternServer(tmp_path, store, ["t=t.mar", "e=e.mar"]) as srv:
+        wait_for(lambda: ready_spares(srv), 120, "a spare with torch")
+        (old,) = srv.worker_pids("e")
+        assert not torch_loaded(old)
+        os.kill(old, signal.SIGKILL)
+        (new,) = wait_for(lambda: [p for p in srv.worker_pids("e") if p != old], 60, "a new e")
+        assert "--spare" not in cmdline(new)
+        assert not torch_loaded(new)
+        assert ready_spares(srv)  # the spare is still there for a torch model
