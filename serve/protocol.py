@@ -52,6 +52,19 @@ class Frame:
     payloads: tuple[bytes, ...] = ()
 
 
+def predict_frame(seq: int, items: Sequence[Any]) -> Frame:
+    """The PREDICT frame for a batch of requests (``serve.jobs.BatchItem``s: ``request_id``,
+    ``headers`` and ``params`` as ``(name, content type, body)``): the ids, headers and parameter
+    names and types in the metadata, the bodies as the payloads, in order."""
+    meta = {
+        "requests": [
+            {"id": it.request_id, "headers": it.headers, "params": [p[:2] for p in it.params]}
+            for it in items
+        ]
+    }
+    return Frame(MsgType.PREDICT, seq, meta, tuple(p[2] for it in items for p in it.params))
+
+
 def encode(frame: Frame) -> list[bytes]:
     """The frame as a list of byte strings, ready for ``writelines``/``sendmsg``."""
     meta = _encode_meta(frame.meta).encode()

@@ -39,7 +39,8 @@ from serve.apps.protocols import error_response as protocol_error_response
 from serve.config import Config, ModelSettings
 from serve.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
 from serve.inputs import read_body, read_params, request_timeout
-from serve.protocol import Frame, MsgType
+from serve.jobs import BatchItem
+from serve.protocol import Frame, predict_frame
 from serve.protocols import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
 from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
 from serve.rayserve.plan import plan_deployment
@@ -48,25 +49,6 @@ from serve.server import expand_models
 logger = logging.getLogger("ray.serve")
 
 APP_NAME = "lantern"
-# One request, as the frontend hands it to a worker: id, headers, (name, content type, bytes).
-Item = dict[str, Any]
-
-
-def predict_frame(items: list[Item]) -> Frame:
-    """The PREDICT frame a worker process would receive for these requests."""
-    meta = {
-        "requests": [
-            {
-                "id": it["id"],
-                "headers": it["headers"],
-                "params": [[n, ct] for n, ct, _ in it["params"]],
-            }
-            for it in items
-        ]
-    }
-    return Frame(
-        MsgType.PREDICT, 0, meta, tuple(body for it in items for _, _, body in it["params"])
-    )
 
 
 def frame_results(frame: Frame) -> list[dict[str, Any]]:
@@ -123,14 +105,14 @@ class LanternModel:
         self.infer.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
-    async def infer(self, items: list[Item]) -> list[dict[str, Any]]:
+    async def infer(self, items: list[BatchItem]) -> list[dict[str, Any]]:
         from serve.worker.main import run_batch
 
-        frame = predict_frame(items)
+        frame = predict_frame(0, items)
         result = await asyncio.to_thread(run_batch, self.service, self.context, frame, True)
         return frame_results(result)
 
-    async def __call__(self, item: Item) -> dict[str, Any]:
+    async def __call__(self, item: BatchItem) -> dict[str, Any]:
         return await self.infer(item)
 
     def where(self) -> dict[str, Any]:
@@ -182,7 +164,9 @@ class LanternIngress:
                 return entry
         raise NotFound(f"Model version not found: {name} version {version}")
 
-    async def submit(self, entry: ModelEntry, item: Item, timeout: float | None) -> dict[str, Any]:
+    async def submit(
+        self, entry: ModelEntry, item: BatchItem, timeout: float | None
+    ) -> dict[str, Any]:
         """Run one request on the model's deployment; retried once if its replica died."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
@@ -196,11 +180,13 @@ class LanternIngress:
             except (ActorDiedError, ActorUnavailableError) as exc:
                 if attempt == 2:
                     raise ServeError(
-                        f"The replica died while running request {item['id']}."
+                        f"The replica died while running request {item.request_id}."
                     ) from exc
-                logger.warning("Replica died under request %s; retrying once", item["id"])
+                logger.warning("Replica died under request %s; retrying once", item.request_id)
             except asyncio.TimeoutError:
-                raise GatewayTimeout(f"Request {item['id']} timed out after {limit:g} s.") from None
+                raise GatewayTimeout(
+                    f"Request {item.request_id} timed out after {limit:g} s."
+                ) from None
         if result.get("error"):
             err = result["error"]
             raise error_for_status(err["code"], err["message"], err["type"])
@@ -248,7 +234,7 @@ class LanternIngress:
         headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
         if explain:
             headers["explain"] = "True"
-        item = {"id": rid, "headers": headers, "params": params}
+        item = BatchItem(rid, headers, params)
         result = await self.submit(entry, item, request_timeout(request))
         return self.response(result, rid, result["ct"] or "application/octet-stream")
 
@@ -260,7 +246,7 @@ class LanternIngress:
         headers = _protocol_headers(request, KSERVE_V1)
         if explain:
             headers["explain"] = "True"
-        item = {"id": rid, "headers": headers, "params": [("body", "application/json", body)]}
+        item = BatchItem(rid, headers, [("body", "application/json", body)])
         result = await self.submit(entry, item, request_timeout(request))
         return self.response(result, rid, "application/json")
 
@@ -283,9 +269,7 @@ class LanternIngress:
         timeout = request_timeout(request)
         if infer.timeout_us:
             timeout = min(filter(None, (timeout, infer.timeout_us / 1e6)))
-        result = await self.submit(
-            entry, {"id": rid, "headers": headers, "params": params}, timeout
-        )
+        result = await self.submit(entry, BatchItem(rid, headers, params), timeout)
         if not is_bundle(result["ct"]):
             raise ServeError("The model did not answer with tensors.")
         tensors = decode_bundle(result["body"], result["ct"] or "")

@@ -17,7 +17,7 @@ from typing import Any
 
 from serve.errors import ServeError, WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
-from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode
+from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode, predict_frame
 from serve.worker.spares import SparePool
 
 __all__ = [  # the job types live in serve.jobs; these names stay importable from here
@@ -273,23 +273,12 @@ class WorkerProcess:
             raise WorkerDied(f"Worker {self.worker_id} is not running.")
         self._seq += 1
         seq = self._seq
-        meta = {
-            "requests": [
-                {
-                    "id": it.request_id,
-                    "headers": it.headers,
-                    "params": [p[:2] for p in it.params],  # name, content type
-                }
-                for it in items
-            ]
-        }
-        payloads = tuple(p[2] for it in items for p in it.params)
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         if on_partial is not None:
             self._partials[seq] = on_partial
         try:
-            self._writer.writelines(encode(Frame(MsgType.PREDICT, seq, meta, payloads)))
+            self._writer.writelines(encode(predict_frame(seq, items)))
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             self._pending.pop(seq, None)
