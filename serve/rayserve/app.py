@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from archiver import open_archive
-from serve.apps.common import NO_CACHE_HEADERS, error_response, request_id
+from serve.apps.common import NO_CACHE_HEADERS, error_response, parse_bool, parse_int, request_id
 from serve.apps.protocols import error_response as protocol_error_response
 from serve.config import Config, ModelSettings
 from serve.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
@@ -43,12 +44,13 @@ from serve.jobs import BatchItem
 from serve.protocol import Frame, predict_frame
 from serve.protocols import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
 from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
-from serve.rayserve.plan import plan_deployment
+from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
 
 logger = logging.getLogger("ray.serve")
 
 APP_NAME = "lantern"
+DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
 
 
 def frame_results(frame: Frame) -> list[dict[str, Any]]:
@@ -147,11 +149,13 @@ class LanternIngress:
         entries: list[dict[str, Any]],
         max_request_size: int,
         max_response_size: int,
+        dashboard: str = DEFAULT_DASHBOARD,
     ) -> None:
         self.handles = handles  # deployment name -> DeploymentHandle
         self.entries = [ModelEntry(**e) for e in entries]
         self.max_request_size = max_request_size
         self.max_response_size = max_response_size
+        self.dashboard = dashboard.rstrip("/")  # Ray's REST API, where scaling is applied
 
     def resolve(self, name: str, version: str | None) -> ModelEntry:
         versions = [e for e in self.entries if e.name == name]
@@ -215,6 +219,8 @@ class LanternIngress:
             return _json({"models": self.list_models()})
         if (match := _DESCRIBE.match(path)) and method == "GET":
             return _json(await self.describe(match[1], match[2]))
+        if (match := _DESCRIBE.match(path)) and method == "PUT":
+            return await self.scale(request, match[1], match[2])
         if (match := _PREDICT.match(path)) and method in ("POST", "PUT"):
             return await self.predict(request, rid, match[2], match[3], match[1] == "explanations")
         if (match := _V1.match(path)) and method == "POST":
@@ -284,6 +290,46 @@ class LanternIngress:
         headers = {**NO_CACHE_HEADERS, **result["headers"], "x-request-id": rid}
         return Response(result["body"], result["status"], headers=headers, media_type=media_type)
 
+    async def scale(self, request: Request, name: str, version: str | None) -> Response:
+        """``PUT /models/{m}[/{v}]?min_worker=&max_worker=&synchronous=``, as TorchServe answers
+        it: the deployment's replicas change through Ray's own config (a lightweight update of
+        ``num_replicas`` or ``autoscaling_config``; nothing else restarts)."""
+        entry = self.resolve(name, version)
+        query = request.query_params
+        low = parse_int(query, "min_worker", 1)
+        high = parse_int(query, "max_worker", low)
+        assert low is not None and high is not None
+        if low < 1:
+            raise BadRequest(
+                "A Ray deployment keeps at least one replica: min_worker must be >= 1."
+            )
+        options = scaling_options(low, max(low, high))
+        await asyncio.to_thread(self._update_deployment, entry.deployment, options)
+        if not parse_bool(query.get("synchronous"), False):
+            return _json({"status": "Processing worker updates..."}, 202)
+        deadline = time.monotonic() + entry.settings["response_timeout"]
+        while len(await asyncio.to_thread(_replicas, entry.deployment)) != low:
+            if time.monotonic() > deadline:
+                return _json({"status": "Workers scaling in progress..."}, 206)
+            await asyncio.sleep(0.5)
+        return _json(
+            {"status": f"Workers scaled to {low} for model: {entry.name}, version: {entry.version}"}
+        )
+
+    def _update_deployment(self, deployment: str, options: dict[str, Any]) -> None:
+        """Put ``options`` over ``deployment``'s in the running application's config."""
+        details = _dashboard("GET", f"{self.dashboard}/api/serve/applications/")
+        app = dict(details["applications"][APP_NAME]["deployed_app_config"])
+        others = [d for d in app.get("deployments") or [] if d.get("name") != deployment]
+        app["deployments"] = [*others, {"name": deployment, **options}]
+        http = details.get("http_options") or {}
+        body = {
+            "proxy_location": details.get("proxy_location") or "EveryNode",
+            "http_options": {k: http[k] for k in ("host", "port") if k in http},
+            "applications": [app],
+        }
+        _dashboard("PUT", f"{self.dashboard}/api/serve/applications/", body)
+
     def list_models(self) -> list[dict[str, str]]:
         seen: dict[str, ModelEntry] = {}
         for entry in self.entries:
@@ -340,6 +386,33 @@ def _replicas(deployment: str) -> list[dict[str, Any]]:
             }
         )
     return workers
+
+
+def scaling_options(low: int, high: int) -> dict[str, Any]:
+    """A config override for ``low``..``high`` replicas; it also clears the other mode."""
+    options = replica_options(low, high)
+    if "num_replicas" in options:
+        return {**options, "autoscaling_config": None}
+    return {**options, "num_replicas": "auto"}
+
+
+def _dashboard(method: str, url: str, body: Any = None) -> Any:
+    """One call to Ray's dashboard REST API (what Ray's ``serve deploy`` uses)."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            text = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise ServeError(f"Ray refused the change ({exc.code}): {detail}") from None
+    except OSError as exc:
+        raise ServeError(f"Cannot reach Ray's dashboard at {url}: {exc}") from None
+    return json.loads(text) if text.strip() else None
 
 
 def _protocol_headers(request: Request, kind: str) -> dict[str, str]:
@@ -409,7 +482,11 @@ def build_app(args: Mapping[str, Any]) -> Any:
             }
         )
     return LanternIngress.bind(
-        deployments, entries, config.max_request_size, config.max_response_size
+        deployments,
+        entries,
+        config.max_request_size,
+        config.max_response_size,
+        args.get("dashboard_address") or DEFAULT_DASHBOARD,
     )
 
 

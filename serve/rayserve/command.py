@@ -30,6 +30,7 @@ def serve_config(
     max_replicas_per_node: int | None = None,
     config_file: str | None = None,
     ts_config_file: str | None = None,
+    dashboard_address: str | None = None,
 ) -> dict[str, Any]:
     """Ray Serve's declarative config (``ServeDeploySchema``) for one Lantern application."""
     args: dict[str, Any] = {"model_store": str(Path(model_store).resolve()), "models": models}
@@ -39,6 +40,8 @@ def serve_config(
         args["config"] = str(Path(config_file).resolve())
     if ts_config_file:
         args["ts_config"] = str(Path(ts_config_file).resolve())
+    if dashboard_address:  # where the ingress applies PUT /models/{m}?min_worker=N
+        args["dashboard_address"] = dashboard_address
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": http_host, "port": http_port},
@@ -97,7 +100,7 @@ def config_command(**options: Any) -> None:
 @click.option("--wait", "wait_timeout", default=300.0, show_default=True, help="Seconds to wait.")
 def deploy_command(address: str, wait_timeout: float, **options: Any) -> None:
     """Deploy the model store to a running Ray cluster and wait until it serves."""
-    config = _config(options)
+    config = _config({**options, "dashboard_address": address})
     base = address.rstrip("/")
     _request("PUT", f"{base}/api/serve/applications/", config)
     deadline = time.monotonic() + wait_timeout

@@ -31,6 +31,16 @@ def deployment_name(model: str, version: str) -> str:
     return f"model-{model}-{version}".replace("/", "-")
 
 
+def replica_options(low: int, high: int, target_ongoing: float | None = None) -> dict[str, Any]:
+    """``low`` replicas when ``low == high``, else Ray's autoscaler between them."""
+    if low == high:
+        return {"num_replicas": low}
+    config: dict[str, Any] = {"min_replicas": low, "initial_replicas": low, "max_replicas": high}
+    if target_ongoing:
+        config["target_ongoing_requests"] = target_ongoing
+    return {"autoscaling_config": config}
+
+
 def plan_deployment(
     model: str, version: str, settings: ModelSettings, *, max_replicas_per_node: int | None = None
 ) -> DeploymentPlan:
@@ -47,15 +57,7 @@ def plan_deployment(
         "max_ongoing_requests": max(2 * settings.batch_size, 4),
         "graceful_shutdown_timeout_s": float(settings.response_timeout),
     }
-    if low == high:
-        options["num_replicas"] = low
-    else:
-        options["autoscaling_config"] = {
-            "min_replicas": low,
-            "initial_replicas": low,
-            "max_replicas": high,
-            "target_ongoing_requests": float(settings.batch_size),
-        }
+    options.update(replica_options(low, high, float(settings.batch_size)))
     if max_replicas_per_node:
         options["max_replicas_per_node"] = max_replicas_per_node
     return DeploymentPlan(

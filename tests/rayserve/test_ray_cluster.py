@@ -186,6 +186,26 @@ def test_kserve_v1_and_v2_through_rays_proxy(cluster: Cluster) -> None:
     np.testing.assert_allclose(result.as_numpy("y"), X * 0.5)
 
 
+def test_scaling_through_rays_proxy(cluster: Cluster) -> None:
+    """PUT /models/{m}?min_worker=N changes the deployment's replicas through Ray's config."""
+    down = httpx.put(
+        f"{cluster.base}/models/echo", params={"min_worker": 1, "synchronous": "true"}, timeout=180
+    )
+    assert down.status_code == 200, down.text
+    assert down.json() == {"status": "Workers scaled to 1 for model: echo, version: 1.0"}
+    assert len(describe(cluster, "echo")["workers"]) == 1
+    one = httpx.post(f"{cluster.base}/predictions/echo", content=b"x", timeout=60)
+    assert one.status_code == 200
+    zero = httpx.put(f"{cluster.base}/models/echo", params={"min_worker": 0})
+    assert zero.status_code == 400 and "at least one replica" in zero.json()["message"]
+    up = httpx.put(
+        f"{cluster.base}/models/echo", params={"min_worker": 2, "synchronous": "true"}, timeout=180
+    )
+    assert up.status_code == 200, up.text
+    workers = describe(cluster, "echo")["workers"]
+    assert len(workers) == 2 and len({w["nodeId"] for w in workers}) == 2
+
+
 def test_killing_one_replica_under_load_loses_no_request(cluster: Cluster) -> None:
     """Requests in flight on the killed replica get Ray's ActorDiedError; the ingress retries each
     once on the other replica, so every accepted request is answered 200."""
