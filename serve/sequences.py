@@ -476,6 +476,7 @@ class SequenceDispatcher(Dispatcher):
                     # Sent again with its headers only, as TorchServe re-sends a request
                     # whose answer goes on (the handler keeps its input).
                     job.item = BatchItem(job.item.request_id, job.item.headers, [])
+                    job.arrived = time.monotonic()  # its queue wait for the next step starts now
                     self._carried.setdefault(worker.worker_id, []).append(job)
                     self._sent.add(id(job))
                     self._none_carried.clear()
