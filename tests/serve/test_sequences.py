@@ -515,6 +515,17 @@ async def test_continuous_carried_requests_fail_when_their_worker_dies() -> None
 
 
 @in_loop
+async def test_continuous_carried_requests_fail_when_their_worker_leaves_between_batches() -> None:
+    w = FakeWorker("w0", continuous_handler(10_000))
+    d = make_continuous([w])
+    first = await d.submit(item("a1", 5, "a"))
+    w.state = WorkerState.DEAD  # gone while the request is carried (its state with it)
+    chunks = await drain_stream(first)
+    assert isinstance(chunks[-1], WorkerDied) and "left before request a1" in chunks[-1].message
+    assert not d._carried and d.table._open["a"].running == 0
+
+
+@in_loop
 async def test_continuous_drain_lets_carried_requests_end_then_cuts_the_rest() -> None:
     short = FakeWorker("w0", continuous_handler(3))
     d = make_continuous([short])
