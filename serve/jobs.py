@@ -83,7 +83,13 @@ class Job:
         elif not self.future.done():  # not answered yet (by a timeout, say)
             self.stream = asyncio.Queue()
             self.future.set_result(
-                ItemResult(chunk.status, chunk.body, chunk.content_type, stream=self.stream)
+                ItemResult(
+                    chunk.status,
+                    chunk.body,
+                    chunk.content_type,
+                    dict(chunk.headers),
+                    stream=self.stream,
+                )
             )
 
     def resolve(self, result: ItemResult) -> None:

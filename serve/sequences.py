@@ -4,11 +4,21 @@ A model with ``sequenceBatching: true`` in its model-config.yaml serves *sequenc
 carry the same sequence id (the ``ts_request_sequence_id`` header; a request without one starts a
 new sequence under a fresh id) are run one at a time, in arrival order, on the one worker the
 sequence was given, so a handler can keep the sequence's state in that worker's memory.
+
+With ``continuousBatching: true`` as well (TorchServe's *sequence continuous batching*), a
+sequence's next request joins its worker's next batch while earlier ones are still being answered:
+a handler answers a request in steps (its ``context.stopping_criteria`` says per row whether the
+answer is complete; the worker marks a partial answer ``ts_stream_next: true``), and a request
+that is not complete goes back to the worker in every following batch, with its headers but no
+input, until it is. That is how a later request of the sequence can cancel an earlier one (the
+handler decides what cancels). A ``ts_request_sequence_end`` response header (sequence ids,
+``;``-separated) closes those sequences.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -21,7 +31,14 @@ from typing import Any
 from serve.batching import _expire
 from serve.config import ModelSettings
 from serve.dispatcher import Dispatcher, Worker, WorkerSource
-from serve.errors import BadRequest, ServeError, ShuttingDown, TooManyRequests, WorkerDied
+from serve.errors import (
+    BadRequest,
+    Conflict,
+    ServeError,
+    ShuttingDown,
+    TooManyRequests,
+    WorkerDied,
+)
 from serve.jobs import LIVE_STATES, BatchItem, BatchOutcome, ItemResult, Job, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -30,12 +47,15 @@ logger = logging.getLogger(__name__)
 # variables rename them; its config.properties keys ts_header_key_sequence_* are not read).
 SEQUENCE_ID_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
 SEQUENCE_START_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
+SEQUENCE_END_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
+# A response header the worker sets from the handler's stopping criteria: "true" while the
+# request's answer goes on (TorchServe's RequestInput.TS_STREAM_NEXT).
+STREAM_NEXT_HEADER = "ts_stream_next"
 
 # Settings of TorchServe 0.12 that Lantern does not implement: refused at registration, never
-# silently ignored. (sequenceBatching + continuousBatching is TorchServe's "sequence continuous
-# batching", whose handler keeps requests open across batches with stopping criteria.)
+# silently ignored. continuousBatching is supported only with sequenceBatching (TorchServe's
+# "sequence continuous batching"); alone it is refused.
 _UNSUPPORTED = {
-    "continuousBatching": "continuous batching (and sequence continuous batching)",
     "useJobTicket": "job tickets",
 }
 
@@ -71,6 +91,7 @@ class SequenceSettings:
     max_sequence_job_queue_size: int = 0  # queued requests per sequence
     sequence_max_idle_msec: int = 0  # a sequence with no request for this long is closed
     sequence_timeout_msec: int = 0  # a sequence older than this takes no more requests; 0: never
+    continuous: bool = False  # continuousBatching too: TorchServe's sequence continuous batching
 
     @classmethod
     def from_config(
@@ -89,6 +110,7 @@ class SequenceSettings:
             max_sequence_job_queue_size=max(1, _count(values, "maxSequenceJobQueueSize")),
             sequence_max_idle_msec=_count(values, "sequenceMaxIdleMSec"),
             sequence_timeout_msec=_count(values, "sequenceTimeoutMSec"),
+            continuous=_flag(values, "continuousBatching"),
         )
 
 
@@ -98,8 +120,13 @@ def check_supported_settings(values: Mapping[str, Any]) -> None:
         if _flag(values, key):
             raise BadRequest(
                 f"{key}: true is not supported by Lantern ({what}); remove it from the model's "
-                "configuration (sequenceBatching alone is supported)."
+                "configuration."
             )
+    if _flag(values, "continuousBatching") and not _flag(values, "sequenceBatching"):
+        raise BadRequest(
+            "continuousBatching: true is supported by Lantern only with sequenceBatching: true "
+            "(sequence continuous batching); remove it from the model's configuration."
+        )
     for key in (
         "maxNumSequence",
         "maxSequenceJobQueueSize",
@@ -123,7 +150,7 @@ class SequenceView:
 
     seq_id: str
     worker: str | None  # the worker it is bound to, if any
-    ready: bool  # has a queued request and none running
+    ready: bool  # has a queued request it may send now
 
 
 def plan_sequence_batches(
@@ -131,6 +158,7 @@ def plan_sequence_batches(
     free: Sequence[str],
     live: Sequence[str],
     batch_size: int,
+    carried: Mapping[str, int] | None = None,
 ) -> dict[str, list[str]]:
     """Which ready sequences send their next request to which free worker now.
 
@@ -139,24 +167,33 @@ def plan_sequence_batches(
     sequence that is unbound, or whose worker left service, goes to the free worker with the
     fewest sequences bound to it, and is bound there. A worker gets at most ``batch_size``
     sequences, one request of each: requests of one sequence never share a batch or run at once.
+
+    ``carried`` is given for continuous batching only (then perhaps empty): per worker, how many
+    unfinished requests go back to it in its next batch anyway. A worker then takes
+    ``2 x batch_size`` requests in all (as TorchServe's sequence continuous batching), so at most
+    that less ``carried`` new ones, and a free worker with carried requests is in the plan
+    (perhaps with no new sequence) to carry them on.
     """
+    continuous = carried is not None
+    carried = carried or {}
     live_set, free_set = set(live), set(free)
     load = {w: 0 for w in live}
     for seq in sequences:
         if seq.worker in load:
             load[seq.worker] += 1
-    plan: dict[str, list[str]] = {}
+    room = {w: (2 * batch_size - carried.get(w, 0)) if continuous else batch_size for w in free}
+    plan: dict[str, list[str]] = {w: [] for w in free if carried.get(w, 0) > 0}
     for seq in sequences:
         if not seq.ready:
             continue
         if seq.worker in live_set:
             target = seq.worker if seq.worker in free_set else None
         else:
-            open_workers = [w for w in free if len(plan.get(w, [])) < batch_size]
+            open_workers = [w for w in free if len(plan.get(w, [])) < room[w]]
             target = min(open_workers, key=lambda w: load[w], default=None)
             if target is not None:
                 load[target] += 1
-        if target is not None and len(plan.get(target, [])) < batch_size:
+        if target is not None and len(plan.get(target, [])) < room[target]:
             plan.setdefault(target, []).append(seq.seq_id)
     return plan
 
@@ -170,7 +207,7 @@ class _Sequence:
     created: float
     jobs: deque[Job] = field(default_factory=deque)
     worker: str | None = None
-    running: bool = False
+    running: int = 0  # its requests on its worker now (more than 1 only with continuous batching)
     idle_timer: asyncio.TimerHandle | None = None
 
     def live_jobs(self) -> int:
@@ -188,6 +225,7 @@ class SequenceTable:
 
     def __init__(self, settings: SequenceSettings) -> None:
         self.settings = settings
+        self.continuous = settings.continuous
         self.capacity = settings.max_num_sequence * settings.max_sequence_job_queue_size
         self._open: dict[str, _Sequence] = {}  # insertion order: oldest first
 
@@ -242,7 +280,11 @@ class SequenceTable:
 
     def views(self) -> list[SequenceView]:
         return [
-            SequenceView(seq.seq_id, seq.worker, not seq.running and seq.live_jobs() > 0)
+            SequenceView(
+                seq.seq_id,
+                seq.worker,
+                (self.continuous or not seq.running) and seq.live_jobs() > 0,
+            )
             for seq in self._open.values()
         ]
 
@@ -252,7 +294,8 @@ class SequenceTable:
         while seq.jobs:
             job = seq.jobs.popleft()
             if not job.done:
-                seq.worker, seq.running = worker, True
+                seq.worker = worker
+                seq.running += 1
                 return job
         return None
 
@@ -260,12 +303,24 @@ class SequenceTable:
         """A sequence's running request was answered (or failed)."""
         seq = self._open.get(seq_id)
         if seq is not None:
-            seq.running = False
+            seq.running = max(0, seq.running - 1)
             self._maybe_idle(seq_id)
+
+    def end(self, seq_id: str, error: ServeError) -> None:
+        """Close a sequence now (its handler ended it); what still waits in it gets ``error``.
+
+        Its requests already on the worker go on until the handler completes them.
+        """
+        seq = self._open.get(seq_id)
+        if seq is None:
+            return
+        while seq.jobs:
+            seq.jobs.popleft().fail(error)
+        self._close(seq_id)
 
     def _maybe_idle(self, seq_id: str) -> None:
         seq = self._open.get(seq_id)
-        if seq is not None and not seq.running and seq.live_jobs() == 0:
+        if seq is not None and seq.running == 0 and seq.live_jobs() == 0:
             self._start_idle_clock(seq)
 
     def fail_all(self, error: ServeError) -> None:
@@ -290,7 +345,7 @@ class SequenceTable:
 
     def _close_idle(self, seq_id: str) -> None:
         seq = self._open.get(seq_id)
-        if seq is not None and not seq.running and seq.live_jobs() == 0:
+        if seq is not None and seq.running == 0 and seq.live_jobs() == 0:
             logger.debug(
                 "Sequence %s closed after %d ms idle", seq_id, self.settings.sequence_max_idle_msec
             )
@@ -321,6 +376,10 @@ class SequenceDispatcher(Dispatcher):
 
     A request that was running on a worker that died is not retried: the sequence's state was in
     that worker. Its sequence stays bound to the worker slot, which restarts.
+
+    With continuous batching, a request whose answer was partial (``ts_stream_next: true``) is
+    *carried*: its answer so far went to the client as a chunk, and it goes back to the same
+    worker in every next batch, with no input, until its answer is complete.
     """
 
     def __init__(
@@ -336,6 +395,16 @@ class SequenceDispatcher(Dispatcher):
         super().__init__(name, version, source, settings, on_outcome=on_outcome)
         self.table = SequenceTable(sequences)
         self.queue = self.table  # type: ignore[assignment]  (the JobQueue surface it needs)
+        # Continuous batching. Per worker: its carried requests, in the order they came.
+        self._carried: dict[str, list[Job]] = {}
+        # Jobs (by id) the last batch answered in part, and sequences its answers ended; both
+        # filled by `_resolve` and emptied by `_run` with no await in between.
+        self._partial: set[int] = set()
+        self._ended: list[str] = []
+        self._sent: set[int] = set()  # ids of the carried jobs, wherever they are now
+        self._none_carried = asyncio.Event()  # set while ``_sent`` is empty (drain waits on it)
+        self._none_carried.set()
+        self._cut_carried = False  # set by drain once its time is up: carry nothing more
 
     def submit(self, item: BatchItem, timeout: float | None = None) -> asyncio.Future[ItemResult]:
         if self.closing:
@@ -368,11 +437,16 @@ class SequenceDispatcher(Dispatcher):
         workers = self.source.workers()
         free = {w.worker_id: w for w in workers if w.state == WorkerState.READY}
         live = [w.worker_id for w in workers if w.state in LIVE_STATES]
+        self._fail_carried_off(live)
+        carried = (
+            {w: len(jobs) for w, jobs in self._carried.items()} if self.table.continuous else None
+        )
         plan = plan_sequence_batches(
-            self.table.views(), list(free), live, self._settings().batch_size
+            self.table.views(), list(free), live, self._settings().batch_size, carried
         )
         for worker_id, seq_ids in plan.items():
-            jobs = [job for s in seq_ids if (job := self.table.take(s, worker_id)) is not None]
+            jobs = self._carried.pop(worker_id, [])
+            jobs += [job for s in seq_ids if (job := self.table.take(s, worker_id)) is not None]
             if not jobs:
                 continue
             worker = free[worker_id]
@@ -382,17 +456,92 @@ class SequenceDispatcher(Dispatcher):
             task.add_done_callback(self._batch_tasks.discard)
 
     async def _run(self, worker: Worker, jobs: list[Job]) -> None:
+        if worker.state != WorkerState.BUSY:
+            # Never sent: new jobs go back to their sequences (below); carried ones were in the
+            # worker, which is gone, and so is their state.
+            for job in jobs:
+                if id(job) in self._sent:
+                    self._end_carried(job, worker)
+            jobs = [job for job in jobs if id(job) not in self._sent]
         try:
             await super()._run(worker, jobs)
         finally:
+            ended, self._ended = self._ended, []
             for job in jobs:
-                self.table.finished(job.item.headers[SEQUENCE_ID_HEADER])
+                if id(job) not in self._partial:
+                    self._finish(job)
+                elif self._cut_carried:
+                    self._finish(job, ShuttingDown("The model was unloaded before it completed."))
+                else:
+                    # Sent again with its headers only, as TorchServe re-sends a request
+                    # whose answer goes on (the handler keeps its input).
+                    job.item = BatchItem(job.item.request_id, job.item.headers, [])
+                    job.arrived = time.monotonic()  # its queue wait for the next step starts now
+                    self._carried.setdefault(worker.worker_id, []).append(job)
+                    self._sent.add(id(job))
+                    self._none_carried.clear()
+                self._partial.discard(id(job))
+            for seq_id in ended:
+                self.table.end(
+                    seq_id,
+                    Conflict(
+                        f"Sequence {seq_id} was ended by the model's handler before this "
+                        "request ran; start a new sequence."
+                    ),
+                )
+            if self._carried:
+                self.schedule()
 
     def _resolve(self, job: Job, result: ItemResult) -> None:
         # The client learns the id of a sequence the server opened for it (TorchServe's REST
         # answer leaves that to the handler; its gRPC answer carries it).
         result.headers.setdefault(SEQUENCE_ID_HEADER, job.item.headers[SEQUENCE_ID_HEADER])
+        if self.table.continuous:
+            ended = _header(result.headers, SEQUENCE_END_HEADER)
+            if ended:
+                self._ended.extend(s.strip() for s in ended.split(";") if s.strip())
+            if (_header(result.headers, STREAM_NEXT_HEADER) or "").lower() == "true":
+                self._partial.add(id(job))
+                job.push_chunk(result)
+                return
         super()._resolve(job, result)
+
+    def _fail_carried_off(self, live: Sequence[str]) -> None:
+        """Carried requests of a worker that left service can never complete: answer them."""
+        for worker_id in [w for w in self._carried if w not in live]:
+            for job in self._carried.pop(worker_id):
+                self._end_carried(job, None)
+
+    def fail_queued(self, error: ServeError) -> None:
+        super().fail_queued(error)
+        carried, self._carried = self._carried, {}
+        for jobs in carried.values():
+            for job in jobs:
+                self._finish(job, error)
+
+    async def drain(self, timeout: float) -> None:
+        """As `Dispatcher.drain`, and carried requests may complete within ``timeout`` too."""
+        self.closing = True
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        if self._sent:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._none_carried.wait(), timeout)
+        self._cut_carried = True
+        await super().drain(max(0.0, timeout - (loop.time() - start)))
+
+    def _end_carried(self, job: Job, worker: Worker | None) -> None:
+        where = f"Worker {worker.worker_id}" if worker is not None else "Its worker"
+        self._finish(job, WorkerDied(f"{where} left before request {job.item.request_id} ended."))
+
+    def _finish(self, job: Job, error: ServeError | None = None) -> None:
+        """A job leaves the worker for good (answered already, or now with ``error``)."""
+        if error is not None:
+            job.fail(error)
+        self._sent.discard(id(job))
+        if not self._sent:
+            self._none_carried.set()
+        self.table.finished(job.item.headers[SEQUENCE_ID_HEADER])
 
     def _retry_or_fail(self, jobs: list[Job], dead: Worker) -> None:
         for job in jobs:

@@ -189,6 +189,7 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     bodies: list[bytes] = []
     try:
         results = service.predict(batch, context)
+        mark_stream_next(context, results)
         for i, result in enumerate(results):
             body, content_type = encode_output(result)
             proc = context.request_processor[i]
@@ -212,6 +213,22 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     timings["handler"] = time.perf_counter() - started
     meta = {"items": items, "timings": timings, "metrics": context.metrics.drain()}
     return Frame(MsgType.RESULT, frame.seq, meta, tuple(bodies))
+
+
+def mark_stream_next(context: Any, results: list[Any]) -> None:
+    """Ask the handler's ``context.stopping_criteria`` (one callable per row, given the row's
+    result) whether each answer is complete, as TorchServe's worker does: True sets the response
+    header ``ts_stream_next: false``, False sets ``true`` (the answer goes on), None sets none.
+    """
+    criteria = getattr(context, "stopping_criteria", None)
+    if not criteria:
+        return
+    for i, result in enumerate(results):
+        if i >= len(criteria):
+            break
+        stop = criteria[i](result)
+        if stop is not None:
+            context.set_response_header(i, "ts_stream_next", "false" if stop else "true")
 
 
 def _without_refused(

@@ -113,9 +113,9 @@ class Built:
         _wheel(src, "lantern_tiny_lru", "0.1", TINY_LRU)
         (src / "requirements.txt").write_text("./lantern_tiny_lru-0.1-py3-none-any.whl\n")
         (src / "bad-requirements.txt").write_text("./not-there-0.1-py3-none-any.whl\n")
-        (src / "continuous.yaml").write_text(
-            "sequenceBatching: true\nsequenceMaxIdleMSec: 100\ncontinuousBatching: true\n"
-        )
+        # continuousBatching without sequenceBatching: plain continuous batching, not supported
+        # (with sequenceBatching it is: tests/e2e/test_sequence_continuous.py).
+        (src / "continuous.yaml").write_text("continuousBatching: true\nbatchSize: 2\n")
 
         def archive(name: str, *flags: str) -> None:
             real_archiver(
@@ -348,6 +348,7 @@ def test_unsupported_settings_are_refused_at_registration(server: LanternServer)
     response = httpx.post(f"{server.management}/models?url=continuous.mar", timeout=60)
     assert response.status_code == 400
     assert "continuousBatching" in response.json()["message"]
+    assert "only with sequenceBatching" in response.json()["message"]
 
 
 @pytest.mark.parametrize(

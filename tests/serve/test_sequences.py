@@ -10,17 +10,28 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.errors import BadRequest, GatewayTimeout, TooManyRequests, WorkerDied
+from serve.errors import (
+    BadRequest,
+    Conflict,
+    GatewayTimeout,
+    ServeError,
+    ShuttingDown,
+    TooManyRequests,
+    WorkerDied,
+)
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.sequences import (
+    SEQUENCE_END_HEADER,
     SEQUENCE_ID_HEADER,
     SEQUENCE_START_HEADER,
+    STREAM_NEXT_HEADER,
     SequenceDispatcher,
     SequenceSettings,
     SequenceView,
     check_supported_settings,
     plan_sequence_batches,
 )
+from serve.worker.main import mark_stream_next
 
 # ----- settings -------------------------------------------------------------------------------
 
@@ -43,11 +54,16 @@ def test_settings_follow_torchserve_rules() -> None:
 @pytest.mark.parametrize(
     ("yaml", "message"),
     [
-        ({"continuousBatching": True}, "continuousBatching"),
+        ({"continuousBatching": True}, "only with sequenceBatching"),
         (
-            {"sequenceBatching": True, "sequenceMaxIdleMSec": 9, "continuousBatching": True},
-            "contin",
-        ),
+            {
+                "sequenceBatching": True,
+                "sequenceMaxIdleMSec": 9,
+                "continuousBatching": True,
+                "useJobTicket": True,
+            },
+            "useJobTicket",
+        ),  # fmt: skip
         ({"useJobTicket": True}, "useJobTicket"),
         ({"sequenceBatching": True}, "sequenceMaxIdleMSec > 0"),
         ({"sequenceBatching": True, "sequenceMaxIdleMSec": -1}, "cannot be negative"),
@@ -62,6 +78,13 @@ def test_unsupported_or_broken_settings_are_refused(yaml: dict, message: str) ->
 
 def test_settings_that_are_off_pass() -> None:
     check_supported_settings({"continuousBatching": False, "useJobTicket": "false"})
+
+
+def test_sequence_continuous_batching_is_accepted() -> None:
+    yaml = {"sequenceBatching": True, "sequenceMaxIdleMSec": 9, "continuousBatching": "true"}
+    s = SequenceSettings.from_config(yaml, batch_size=4, max_workers=2)
+    assert s.enabled and s.continuous
+    assert not SequenceSettings.from_config({**yaml, "continuousBatching": False}, 4, 2).continuous
 
 
 # ----- the placement policy ----------------------------------------------------------------------
@@ -100,6 +123,31 @@ def test_plan_sequence_batches(
     expected: dict[str, list[str]],
 ) -> None:
     assert plan_sequence_batches(sequences, free, live, batch) == expected
+
+
+@pytest.mark.parametrize(
+    ("sequences", "free", "carried", "batch", "expected"),
+    [
+        # continuous: a worker takes 2 x batch_size requests, carried ones included
+        ([v("a"), v("b"), v("c")], ["w0"], {}, 1, {"w0": ["a", "b"]}),
+        ([v("a"), v("b"), v("c")], ["w0"], {"w0": 1}, 1, {"w0": ["a"]}),
+        ([v("a"), v("b")], ["w0"], {"w0": 2}, 1, {"w0": []}),
+        # a free worker with carried requests runs even with nothing new
+        ([v("a", "w0", False)], ["w0"], {"w0": 1}, 4, {"w0": []}),
+        # a busy worker's carried requests wait for it; new sequences go to the free one
+        ([v("a", "w0"), v("b")], ["w1"], {"w0": 3}, 4, {"w1": ["b"]}),
+        # still one new request per sequence per batch
+        ([v("a", "w0")], ["w0"], {"w0": 1}, 4, {"w0": ["a"]}),
+    ],
+)  # fmt: skip
+def test_plan_sequence_batches_continuous(
+    sequences: list[SequenceView],
+    free: list[str],
+    carried: dict[str, int],
+    batch: int,
+    expected: dict[str, list[str]],
+) -> None:
+    assert plan_sequence_batches(sequences, free, ["w0", "w1"], batch, carried) == expected
 
 
 # ----- the dispatcher, with fake workers ---------------------------------------------------------
@@ -333,3 +381,184 @@ async def test_drain_answers_what_waits_in_sequences() -> None:
         await waiting
     w.gate.set()
     assert (await running).body == b"1"
+
+
+# ----- sequence continuous batching, with fake workers --------------------------------------------
+
+
+def continuous_handler(steps: int) -> Callable[[FakeWorker, list[BatchItem]], list]:
+    """A fake of TorchServe's sequence continuous batching example, per worker and sequence.
+
+    A new request adds its number to the sequence's total. An odd number answers in ``steps``
+    parts (``ts_stream_next: true`` until the last); -1 cancels the sequence's unfinished
+    requests, which then answer b"stopped"; 0 answers the total and ends the sequence.
+    """
+    totals: dict[str, int] = {}
+    left: dict[str, int] = {}  # request id -> parts still to send
+    stopped: set[str] = set()
+
+    def part(body: bytes, more: bool, **headers: str) -> ItemResult:
+        if more:
+            headers[STREAM_NEXT_HEADER] = "true"
+        return ItemResult(200, body, "text/plain", headers)
+
+    def run(worker: FakeWorker, items: list[BatchItem]) -> list:
+        out = []
+        for it in items:
+            key = f"{worker.worker_id}/{it.headers[SEQUENCE_ID_HEADER]}"
+            if not it.params:  # carried: the next part
+                if it.request_id in stopped:
+                    out.append(part(b"stopped", False))
+                    continue
+                left[it.request_id] -= 1
+                out.append(part(str(totals[key]).encode(), left[it.request_id] > 0))
+                continue
+            value = int(it.params[0][2])
+            if value == -1:
+                stopped.update(r for r, n in left.items() if n > 0 and r.startswith(key[3:]))
+                out.append(part(b"-1", False))
+            elif value == 0:
+                out.append(part(str(totals.get(key, 0)).encode(), False, **{
+                    SEQUENCE_END_HEADER: it.headers[SEQUENCE_ID_HEADER]}))  # fmt: skip
+            else:
+                totals[key] = totals.get(key, 0) + value
+                left[it.request_id] = steps if value % 2 else 0
+                out.append(part(str(totals[key]).encode(), value % 2 == 1))
+        return out
+
+    return run
+
+
+def make_continuous(workers: list[FakeWorker], **yaml: object) -> SequenceDispatcher:
+    return make(workers, continuousBatching=True, **yaml)
+
+
+async def drain_stream(result: ItemResult) -> list[bytes | ServeError]:
+    """The first chunk and the rest of a streamed answer."""
+    assert result.stream is not None, "not a streamed answer"
+    out: list[bytes | ServeError] = [result.body]
+    while (next_item := await asyncio.wait_for(result.stream.get(), 5)) is not None:
+        out.append(next_item if isinstance(next_item, ServeError) else next_item.body)
+    return out
+
+
+@in_loop
+async def test_continuous_partial_answers_stream_and_are_carried_with_no_input() -> None:
+    w = FakeWorker("w0", continuous_handler(steps=3))
+    d = make_continuous([w])
+    first = await d.submit(item("a1", 5, "a"))
+    assert first.headers[STREAM_NEXT_HEADER] == "true"
+    assert first.headers[SEQUENCE_ID_HEADER] == "a"
+    assert await drain_stream(first) == [b"5", b"5", b"5", b"5"]
+    assert w.batches == [["a1"]] * 4  # the same request, four batches
+    assert "a" in d.table and d.table._open["a"].running == 0
+
+
+@in_loop
+async def test_continuous_a_later_request_cancels_an_unfinished_one_on_its_worker() -> None:
+    w0, w1 = FakeWorker("w0", continuous_handler(10_000)), FakeWorker("w1", summing({}))
+    d = make_continuous([w0, w1], maxSequenceJobQueueSize=4)
+    streaming = await d.submit(item("a1-long", 5, "a"))  # a partial answer: carried on w0
+    cancel = await d.submit(item("a2-cancel", -1, "a"))  # joins w0 while a1 is carried
+    assert cancel.body == b"-1" and cancel.stream is None
+    chunks = await drain_stream(streaming)
+    assert chunks[-1] == b"stopped" and len(chunks) < 10_000  # cut short, not run out
+    assert any(batch == ["a1-long", "a2-cancel"] for batch in w0.batches)
+    assert w1.batches == []  # the sequence never left its worker
+    assert d.table._open["a"].running == 0  # the sequence stays open, free of work
+
+
+@in_loop
+async def test_continuous_sequences_stay_separate_and_in_order() -> None:
+    workers = [FakeWorker("w0", continuous_handler(2)), FakeWorker("w1", continuous_handler(2))]
+    d = make_continuous(workers, maxSequenceJobQueueSize=10)
+    futures = {s: [d.submit(item(f"{s}{i}", 2 * (i + 1), s)) for i in range(4)] for s in "ab"}
+    for s in "ab":
+        results = [int((await f).body) for f in futures[s]]
+        assert results == [2, 6, 12, 20]  # running totals in submission order
+    for w in workers:
+        assert len({rid[0] for batch in w.batches for rid in batch}) <= 1  # one worker each
+
+
+@in_loop
+async def test_continuous_sequence_end_header_closes_it_and_answers_what_waits() -> None:
+    w = FakeWorker("w0", continuous_handler(2))
+    w.gate = asyncio.Event()  # hold the first batch while the rest queue up
+    d = make_continuous([w], maxSequenceJobQueueSize=4)
+    start = d.submit(item("a1", 2, "a"))
+    await until(lambda: w.batches)
+    end, after = d.submit(item("a2", 0, "a")), d.submit(item("a3", 4, "a"))
+    w.gate.set()
+    assert (await start).body == b"2"
+    ended = await end
+    assert (ended.body, ended.headers[SEQUENCE_END_HEADER]) == (b"2", "a")
+    with pytest.raises(Conflict, match="ended by the model's handler"):
+        await after
+    assert "a" not in d.table
+    assert all("a3" not in batch for batch in w.batches)
+
+
+@in_loop
+async def test_continuous_carried_requests_fail_when_their_worker_dies() -> None:
+    handler = continuous_handler(10_000)
+
+    def dies_on_third(worker: FakeWorker, items: list[BatchItem]) -> list:
+        if len(worker.batches) == 3:
+            raise WorkerDied("gone")
+        return handler(worker, items)
+
+    d = make_continuous([FakeWorker("w0", dies_on_third)])
+    chunks = await drain_stream(await d.submit(item("a1", 5, "a")))
+    assert chunks[:2] == [b"5", b"5"]
+    assert isinstance(chunks[-1], WorkerDied) and "state was lost" in chunks[-1].message
+    assert d.table._open["a"].running == 0
+
+
+@in_loop
+async def test_continuous_carried_requests_fail_when_their_worker_leaves_between_batches() -> None:
+    w = FakeWorker("w0", continuous_handler(10_000))
+    d = make_continuous([w])
+    first = await d.submit(item("a1", 5, "a"))
+    w.state = WorkerState.DEAD  # gone while the request is carried (its state with it)
+    chunks = await drain_stream(first)
+    assert isinstance(chunks[-1], WorkerDied) and "left before request a1" in chunks[-1].message
+    assert not d._carried and d.table._open["a"].running == 0
+
+
+@in_loop
+async def test_continuous_drain_lets_carried_requests_end_then_cuts_the_rest() -> None:
+    short = FakeWorker("w0", continuous_handler(3))
+    d = make_continuous([short])
+    first = await d.submit(item("a1", 5, "a"))
+    await d.drain(timeout=5)  # returns once the carried request has ended
+    assert await drain_stream(first) == [b"5", b"5", b"5", b"5"]
+
+    endless = FakeWorker("w0", continuous_handler(10_000_000))
+    d = make_continuous([endless])
+    first = await d.submit(item("a1", 5, "a"))
+    await d.drain(timeout=0.05)  # a 50 ms budget; the stream would run for 10 million parts
+    chunks = await drain_stream(first)
+    assert isinstance(chunks[-1], ShuttingDown)
+    assert "a" not in d.table and not d._carried
+
+
+def test_the_worker_marks_partial_answers_from_the_stopping_criteria() -> None:
+    class Ctx:
+        def __init__(self) -> None:
+            self.headers: dict[int, dict[str, str]] = {0: {}, 1: {}, 2: {}}
+            self.stopping_criteria = [lambda r: r > 10, lambda r: None, lambda r: False]
+
+        def set_response_header(self, idx: int, key: str, value: str) -> None:
+            self.headers[idx][key] = value
+
+    ctx = Ctx()
+    mark_stream_next(ctx, [11, 1, 1])
+    assert ctx.headers == {
+        0: {"ts_stream_next": "false"},
+        1: {},  # None: a whole answer, no header (TorchServe's rule)
+        2: {"ts_stream_next": "true"},
+    }
+    plain = Ctx()
+    plain.stopping_criteria = None
+    mark_stream_next(plain, [1])
+    assert plain.headers[0] == {}
