@@ -5,7 +5,6 @@ v1 and v2."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import http.server
 import json
@@ -80,22 +79,48 @@ class KServePod(LanternServer):
         return [*self.pod_command, "--pid-file", str(self.state_file)]
 
 
-def kserve_infer(base: str, model: str, protocol: str, data: Any) -> Any:
-    from kserve import InferenceRESTClient, RESTConfig
+# KServe's SDK and tritonclient.grpc each register protobuf messages named ``inference.*`` in the
+# default descriptor pool, and one process cannot hold both (pytest imports tritonclient.grpc
+# with tests/grpc): each client runs in a process of its own, as a user's script would.
+KSERVE_CLIENT = """
+import asyncio, json, sys
+import numpy as np
+from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
-    async def call() -> Any:
-        async with InferenceRESTClient(RESTConfig(protocol=protocol, timeout=30)) as client:
-            return await client.infer(base, data, model_name=model)
+base, model, protocol = sys.argv[1:4]
+x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
 
-    return asyncio.run(call())
+async def call():
+    async with InferenceRESTClient(RESTConfig(protocol=protocol, timeout=30)) as client:
+        if protocol == "v1":
+            return (await client.infer(base, {"instances": x.tolist()}, model_name=model))[
+                "predictions"
+            ]
+        tensor = InferInput(name="x", shape=list(x.shape), datatype="FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        request = InferRequest(model_name=model, infer_inputs=[tensor])
+        return (await client.infer(base, request, model_name=model)).outputs[0].as_numpy().tolist()
+
+print(json.dumps(asyncio.run(call())))
+"""
+TRITON_GRPC_CLIENT = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as g
+
+client = g.InferenceServerClient(sys.argv[1])
+tensor = g.InferInput("x", [1, 4], "FP32")
+tensor.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))
+print(json.dumps(client.infer(sys.argv[2], [tensor]).as_numpy("y").tolist()))
+"""
 
 
-def v2_request(model: str) -> Any:
-    from kserve import InferInput, InferRequest
-
-    tensor = InferInput(name="x", shape=list(X.shape), datatype="FP32")
-    tensor.set_data_from_numpy(X, binary_data=True)
-    return InferRequest(model_name=model, infer_inputs=[tensor])
+def run_client(code: str, *args: str) -> np.ndarray:
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return np.array(json.loads(out.stdout))
 
 
 def triton_infer(base: str, model: str) -> np.ndarray:
@@ -109,37 +134,18 @@ def triton_infer(base: str, model: str) -> np.ndarray:
     return result.as_numpy("y")
 
 
-def triton_grpc_infer(address: str, model: str) -> np.ndarray:
-    """tritonclient.grpc in a process of its own: KServe's SDK, imported here, registers the same
-    ``inference.*`` protobuf names, and one process cannot hold both."""
-    code = (
-        "import sys, numpy as np, tritonclient.grpc as g\n"
-        "c = g.InferenceServerClient(sys.argv[1])\n"
-        "t = g.InferInput('x', [1, 4], 'FP32')\n"
-        "t.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))\n"
-        "print(c.infer(sys.argv[2], [t]).as_numpy('y').tolist())\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, address, model], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return np.array(json.loads(out.stdout))
-
-
 def assert_pod_serves(pod: LanternServer, model: str) -> None:
     base = pod.inference
     assert httpx.get(f"{base}/v2/health/live").status_code == 200
     assert httpx.get(f"{base}/v2/health/ready").status_code == 200
     assert httpx.get(f"{base}/v2/models/{model}/ready").status_code == 200
-    v1 = kserve_infer(base, model, "v1", {"instances": X.tolist()})
-    np.testing.assert_allclose(v1["predictions"], X * 0.5)
-    v2 = kserve_infer(base, model, "v2", v2_request(model))
-    np.testing.assert_allclose(v2.outputs[0].as_numpy(), X * 0.5)
+    np.testing.assert_allclose(run_client(KSERVE_CLIENT, base, model, "v1"), X * 0.5)
+    np.testing.assert_allclose(run_client(KSERVE_CLIENT, base, model, "v2"), X * 0.5)
     np.testing.assert_allclose(triton_infer(base, model), X * 0.5)
     # grpc-v2: the Open Inference Protocol over gRPC on the runtime's gRPC port.
     grpc_address = pod.state["addresses"]["grpc_inference"]
     assert grpc_address.startswith("127.0.0.1:")
-    np.testing.assert_allclose(triton_grpc_infer(grpc_address, model), X * 0.5)
+    np.testing.assert_allclose(run_client(TRITON_GRPC_CLIENT, grpc_address, model), X * 0.5)
     assert httpx.get(f"{pod.metrics}/metrics").status_code == 200
 
 

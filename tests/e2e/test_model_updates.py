@@ -187,6 +187,15 @@ def p99(answers: list[Answer]) -> float:
     return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
 
 
+# A first request "as fast as the rest": within the run's p99 plus 10 ms of scheduling noise on a
+# shared 2-core machine. A cold first request costs COLD (0.5 s) or more, far past this bound.
+NOISE = 0.010
+
+
+def within_p99(answers: list[Answer]) -> float:
+    return p99(answers) + NOISE
+
+
 def first_of(answers: list[Answer], version: str, after: float = 0.0) -> Answer:
     return min(
         (a for a in answers if a.version == version and a.sent >= after), key=lambda a: a.sent
@@ -279,7 +288,7 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
     assert switched.received - copied < 3 * INTERVAL + load_seconds + 10.0
 
     # The first request on each new version was as fast as the rest: within the run's p99.
-    limit = p99(answers)
+    limit = within_p99(answers)
     assert switched.latency <= limit, (switched.latency, limit)
     rolled_back = first_of(answers, "1", after=removed)
     assert rolled_back.latency <= limit, (rolled_back.latency, limit)
@@ -345,7 +354,7 @@ def test_set_default_after_register_is_seamless(server: LanternServer, root: Pat
     assert {a.version for a in answers} == {"1", "2"}
     assert all(a.version == "2" for a in answers if a.sent > swapped)
     first = first_of(answers, "2")
-    assert first.latency <= p99(answers), (first.latency, p99(answers))
+    assert first.latency <= within_p99(answers), (first.latency, p99(answers))
     workers = api.get("/models/api/2").json()[0]["workers"]
     assert len(workers) == 2
     assert all(w["warmupSeconds"] >= BATCH * COLD for w in workers)
