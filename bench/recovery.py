@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -118,11 +119,13 @@ def ready_pids(lantern: LanternProcess, model: str) -> list[int]:
 
 
 def has_ready_spare(lantern: LanternProcess) -> bool:
-    """The pool has a spare waiting: more spares became ready than workers started from one."""
+    """The pool has a spare waiting: one logged ready that no worker took and none replaced."""
     log = lantern.work / "logs" / "lantern.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    used = text.count("started from a warm spare") + text.count("Spare worker replaced")
-    return text.count("Spare worker ready") > used
+    ready = set(re.findall(r"Spare worker ready \(pid (\d+)", text))
+    used = set(re.findall(r"started from a warm spare \(pid (\d+)", text))
+    used |= set(re.findall(r"Spare worker replaced \(pid (\d+)", text))
+    return bool(ready - used)
 
 
 def wait_spare(lantern: LanternProcess, spares: int) -> None:
