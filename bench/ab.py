@@ -43,10 +43,14 @@ def _start(tree: Path, work: Path, store: Path, names: list[str], server: str) -
 
 
 def _measure(pid: int, url: str, body: Path, ctype: str, c: int, seconds: float) -> dict[str, Any]:
+    """req/s, and CPU ms per request of the process (the frontend) and of its children."""
     before = procstat.cpu_seconds(pid) or 0.0
+    kids = procstat.cpu_snapshot(procstat.children(pid))
     load = run_load(url, body, ctype, concurrency=c, seconds=seconds)
     cpu = (procstat.cpu_seconds(pid) or 0.0) - before
-    return {"rps": load.rps, "fe_ms": cpu / load.requests * 1000 if load.requests else None}
+    workers = procstat.cpu_delta(kids, procstat.cpu_snapshot(procstat.children(pid)))
+    per = 1000 / load.requests if load.requests else 0.0
+    return {"rps": load.rps, "fe_ms": cpu * per, "worker_ms": workers * per}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,16 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 base.stop()
                 new.stop()
-    print("server     bare fe ms  base fe ms  new fe ms  new/base  base-bare  new-bare  req/s b/n")
+    print(
+        "server     bare fe ms  base fe ms  new fe ms  new/base  base-bare  new-bare  "
+        "worker ms b/n  req/s b/n"
+    )
     summary = {}
     for server, runs in results.items():
         med = {k: statistics.median(s["fe_ms"] for s in v) for k, v in runs.items()}
         rps = {k: statistics.median(s["rps"] for s in v) for k, v in runs.items()}
-        summary[server] = {"fe_ms": med, "rps": rps}
+        wk = {k: statistics.median(s["worker_ms"] for s in v) for k, v in runs.items()}
+        summary[server] = {"fe_ms": med, "rps": rps, "worker_ms": wk}
         print(
             f"{server:<10} {med['bare']:>10.3f}  {med['base']:>10.3f}  {med['new']:>9.3f}"
             f"  {med['new'] / med['base']:>8.3f}  {med['base'] - med['bare']:>9.3f}"
-            f"  {med['new'] - med['bare']:>8.3f}  {rps['base']:,.0f}/{rps['new']:,.0f}"
+            f"  {med['new'] - med['bare']:>8.3f}  {wk['base']:.3f}/{wk['new']:.3f}"
+            f"  {rps['base']:,.0f}/{rps['new']:,.0f}"
         )
     print(
         f"\ntiny, 2 workers, batch {BATCH} / {DELAY_MS} ms, c={args.concurrency}; "

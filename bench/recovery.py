@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -117,18 +118,18 @@ def ready_pids(lantern: LanternProcess, model: str) -> list[int]:
     return [w["pid"] for w in json.loads(body)[0]["workers"] if w["status"] == "READY"]
 
 
-def has_ready_spare(lantern: LanternProcess) -> bool:
-    """The pool has a spare waiting: more spares became ready than workers started from one."""
+def logged_ready(lantern: LanternProcess) -> set[str]:
+    """Pids of the spares the server has logged ready so far."""
     log = lantern.work / "logs" / "lantern.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    used = text.count("started from a warm spare") + text.count("Spare worker replaced")
-    return text.count("Spare worker ready") > used
+    return set(re.findall(r"Spare worker ready \(pid (\d+)", text))
 
 
-def wait_spare(lantern: LanternProcess, spares: int) -> None:
-    """Let a spare server have its spare ready, as an idle server has it."""
+def wait_new_spare(lantern: LanternProcess, seen: set[str], spares: int) -> None:
+    """Wait for a spare not in ``seen`` to be ready (the one taken has been replaced), as an
+    idle server has it. The log, not a count: its lines may reach the file late."""
     deadline = time.monotonic() + 120
-    while spares and not has_ready_spare(lantern):
+    while spares and not logged_ready(lantern) - seen:
         if time.monotonic() > deadline:
             raise TimeoutError("no spare became ready")
         time.sleep(0.05)
@@ -200,14 +201,20 @@ def main(argv: list[str] | None = None) -> int:
             servers[spares] = LanternProcess(
                 work, store, names, args.server, ["--enable-model-api"]
             ).start()
+        ready_before: dict[int, bool] = {}
         for rep in range(args.repeats):
             for kind in KINDS:
                 for spares, lantern in servers.items():
                     key = f"{kind}:spares{spares}"
-                    wait_spare(lantern, spares)
+                    if not ready_before.get(spares):  # the first spare of this server
+                        wait_new_spare(lantern, set(), spares)
+                    seen = logged_ready(lantern)
                     crash = crash_to_ready(lantern, kind)
-                    wait_spare(lantern, spares)
+                    wait_new_spare(lantern, seen, spares)
+                    seen = logged_ready(lantern)
                     reg = register_to_ready(lantern, kind, f"{kind}_copy")
+                    wait_new_spare(lantern, seen, spares)
+                    ready_before[spares] = True
                     slot = results.setdefault(key, {"crash": [], "register": []})
                     slot["crash"].append(crash)
                     slot["register"].append(reg)
@@ -217,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
                     )
         if args.scale:
             for spares, lantern in servers.items():
-                wait_spare(lantern, spares)
                 results[f"scale:spares{spares}"] = scale_up(lantern, body, 3.0)
                 _log(f"scale spares={spares}: {results[f'scale:spares{spares}']}")
     finally:
