@@ -57,7 +57,7 @@ logger = logging.getLogger("serve.worker")
 
 Answer = tuple[dict[str, Any], bytes]
 
-_ADAPTERS: dict[int, ModelAdapter | None] = {}  # per loaded service: found once
+_UNSET = object()  # a service whose tensor adapter was not looked for yet
 
 
 @dataclass(slots=True)
@@ -88,14 +88,17 @@ class Pending:
 
 
 def adapter(service: Any) -> ModelAdapter | None:
-    key = id(service)
-    if key not in _ADAPTERS:
+    """The service's tensor adapter, found once and kept on the service itself (an id() key
+    could be reused by a later service once the first is gone)."""
+    found = getattr(service, "_tensor_adapter", _UNSET)
+    if found is _UNSET:
         try:
-            _ADAPTERS[key] = tensor_models.adapter_for(service)
+            found = tensor_models.adapter_for(service)
         except Exception:
             logger.warning("No tensor fast path for this model", exc_info=True)
-            _ADAPTERS[key] = None
-    return _ADAPTERS[key]
+            found = None
+        service._tensor_adapter = found
+    return found
 
 
 def run(
