@@ -308,7 +308,7 @@ class LanternIngress:
         if not parse_bool(query.get("synchronous"), False):
             return _json({"status": "Processing worker updates..."}, 202)
         deadline = time.monotonic() + entry.settings["response_timeout"]
-        while len(await asyncio.to_thread(_replicas, entry.deployment)) != low:
+        while _ready(await asyncio.to_thread(_replicas, entry.deployment)) != low:
             if time.monotonic() > deadline:
                 return _json({"status": "Workers scaling in progress..."}, 206)
             await asyncio.sleep(0.5)
@@ -377,15 +377,20 @@ def _replicas(deployment: str) -> list[dict[str, Any]]:
     for actor in actors:
         if actor.state in ("DEAD",):
             continue
+        ready = actor.state == "ALIVE" and bool(actor.pid)  # a new actor's pid can read 0
         workers.append(
             {
                 "id": actor.actor_id,
-                "pid": actor.pid,
+                "pid": actor.pid if actor.pid else -1,  # as describe shows a worker without one
                 "nodeId": actor.node_id,
-                "status": "READY" if actor.state == "ALIVE" else actor.state,
+                "status": "READY" if ready else "STARTING",
             }
         )
     return workers
+
+
+def _ready(workers: list[dict[str, Any]]) -> int:
+    return sum(1 for w in workers if w["status"] == "READY")
 
 
 def scaling_options(low: int, high: int) -> dict[str, Any]:

@@ -122,11 +122,24 @@ def describe(cluster: Cluster, model: str) -> dict[str, Any]:
     return entry
 
 
+def wait_for_ready_pids(cluster: Cluster, model: str, count: int) -> list[int]:
+    """The pids of ``count`` READY replicas, once Ray reports them (bounded: 120 s)."""
+    deadline = time.monotonic() + 120
+    while True:
+        workers = describe(cluster, model)["workers"]
+        pids = [w["pid"] for w in workers if w["status"] == "READY" and w["pid"] > 0]
+        if len(pids) == count:
+            return pids
+        assert time.monotonic() < deadline, workers
+        time.sleep(0.5)
+
+
 def test_deploy_reports_where_it_serves(cluster: Cluster) -> None:
     assert f"Lantern is running on Ray: {cluster.base}" in cluster.deployed  # type: ignore[attr-defined]
 
 
 def test_replicas_land_on_both_nodes(cluster: Cluster) -> None:
+    wait_for_ready_pids(cluster, "echo", 2)
     workers = describe(cluster, "echo")["workers"]
     assert len(workers) == 2
     assert {w["status"] for w in workers} == {"READY"}
@@ -209,7 +222,9 @@ def test_scaling_through_rays_proxy(cluster: Cluster) -> None:
 def test_killing_one_replica_under_load_loses_no_request(cluster: Cluster) -> None:
     """Requests in flight on the killed replica get Ray's ActorDiedError; the ingress retries each
     once on the other replica, so every accepted request is answered 200."""
-    victim = describe(cluster, "echo")["workers"][0]["pid"]
+    # A positive pid only: os.kill(0, ...) would signal this test's own process group.
+    victim = wait_for_ready_pids(cluster, "echo", 2)[0]
+    assert victim > 0
     stop = time.monotonic() + 15  # bounded: 4 clients for at most 15 s
     statuses: list[int] = []
 
@@ -231,8 +246,8 @@ def test_killing_one_replica_under_load_loses_no_request(cluster: Cluster) -> No
     assert [s for s in statuses if s != 200] == []
     deadline = time.monotonic() + 120  # Ray's controller replaces the replica
     while time.monotonic() < deadline:
-        workers = describe(cluster, "echo")["workers"]
-        if len(workers) == 2 and victim not in {w["pid"] for w in workers}:
+        ready = [w["pid"] for w in describe(cluster, "echo")["workers"] if w["status"] == "READY"]
+        if len(ready) == 2 and victim not in ready:
             break
         time.sleep(1)
     else:
