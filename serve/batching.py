@@ -33,11 +33,7 @@ class JobQueue:
             self._jobs = deque(j for j in self._jobs if not j.done)  # cancelled ones hold no slot
         if not front and len(self._jobs) >= self.capacity:
             raise TooManyRequests("Model queue is full; retry later.", headers={"Retry-After": "1"})
-        loop = asyncio.get_running_loop()
-        if job.timer is None:
-            job.timer = loop.call_at(
-                loop.time() + max(0.0, job.deadline - time.monotonic()), _expire, job
-            )
+        arm_deadline(job)
         if front:
             self._jobs.appendleft(job)
         else:
@@ -66,6 +62,15 @@ class JobQueue:
     def _drop_done(self) -> None:
         while self._jobs and self._jobs[0].done:
             self._jobs.popleft()
+
+
+def arm_deadline(job: Job) -> None:
+    """Start ``job``'s deadline timer (once): past it, the job is answered 504."""
+    if job.timer is None:
+        loop = asyncio.get_running_loop()
+        job.timer = loop.call_at(
+            loop.time() + max(0.0, job.deadline - time.monotonic()), _expire, job
+        )
 
 
 def _expire(job: Job) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve.batching import _expire
+from serve.batching import arm_deadline
 from serve.config import ModelSettings
 from serve.dispatcher import Dispatcher, Worker, WorkerSource
 from serve.errors import (
@@ -258,7 +258,7 @@ class SequenceTable:
                 "requests waiting (maxSequenceJobQueueSize); retry later.",
                 headers={"Retry-After": "1"},
             )
-        _arm_deadline(job)
+        arm_deadline(job)
         seq.jobs.append(job)
         self._stop_idle_clock(seq)
         # However the job ends (answered, or expired while queued), an idle sequence starts its
@@ -271,7 +271,7 @@ class SequenceTable:
         seq = self._open.get(seq_id)
         if seq is None:
             seq = self._open[seq_id] = _Sequence(seq_id, time.monotonic())
-        _arm_deadline(job)
+        arm_deadline(job)
         if front:
             seq.jobs.appendleft(job)
         else:
@@ -355,15 +355,6 @@ class SequenceTable:
         seq = self._open.pop(seq_id, None)
         if seq is not None:
             self._stop_idle_clock(seq)
-
-
-def _arm_deadline(job: Job) -> None:
-    """The job's deadline timer, as `serve.batching.JobQueue.put` sets it."""
-    if job.timer is None:
-        loop = asyncio.get_running_loop()
-        job.timer = loop.call_at(
-            loop.time() + max(0.0, job.deadline - time.monotonic()), _expire, job
-        )
 
 
 # ----- the dispatcher of a model with sequences --------------------------------------------------

@@ -146,30 +146,9 @@ class Methods:
     def stream_stream(
         self, method: str, fn: Callable[[Call, AsyncIterator[Any]], AsyncIterator[Any]]
     ) -> Any:
-        """A bidirectional stream: ``fn`` answers its per-request errors in band itself."""
-
-        async def handler(
-            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-        ) -> AsyncIterator[Any]:
-            call = _start(context, method)
-            code = "OK"
-            try:
-                self._authorize(call)
-                async for response in fn(call, requests):
-                    yield response
-            except ServeError as err:
-                code = grpc_code_for(err)
-                await self._abort(call, err)
-            except asyncio.CancelledError:
-                code, call.http_status = "CANCELLED", 499
-                raise
-            except Exception:
-                code = "INTERNAL"
-                await self._abort(call, self._unexpected(call))
-            finally:
-                self._done(call, code)
-
-        return handler
+        """A bidirectional stream: ``fn`` answers its per-request errors in band itself; the
+        call's own errors, auth and accounting are a server stream's."""
+        return self.server_stream(method, fn)
 
     def _unexpected(self, call: Call) -> ServeError:
         logger.exception("Unhandled error in gRPC request %s", call.request_id)
