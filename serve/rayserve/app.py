@@ -44,6 +44,7 @@ from serve.jobs import BatchItem
 from serve.protocol import Frame, predict_frame
 from serve.protocols import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
 from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
+from serve.rayserve import dashboard
 from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
 
@@ -402,22 +403,13 @@ def scaling_options(low: int, high: int) -> dict[str, Any]:
 
 
 def _dashboard(method: str, url: str, body: Any = None) -> Any:
-    """One call to Ray's dashboard REST API (what Ray's ``serve deploy`` uses)."""
-    import urllib.error
-    import urllib.request
-
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
+    """One call to Ray's dashboard REST API, its failures as `ServeError`."""
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            text = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise ServeError(f"Ray refused the change ({exc.code}): {detail}") from None
-    except OSError as exc:
-        raise ServeError(f"Cannot reach Ray's dashboard at {url}: {exc}") from None
-    return json.loads(text) if text.strip() else None
+        return dashboard.call(method, url, body)
+    except dashboard.DashboardError as exc:
+        if exc.status is None:
+            raise ServeError(f"Cannot reach Ray's dashboard at {url}: {exc.detail}") from None
+        raise ServeError(f"Ray refused the change ({exc.status}): {exc.detail[:500]}") from None
 
 
 def _protocol_headers(request: Request, kind: str) -> dict[str, str]:

@@ -7,15 +7,14 @@ dashboard's REST API, and waits until the application runs; ``config`` prints it
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
+
+from serve.rayserve import dashboard
 
 IMPORT_PATH = "serve.rayserve.app:build_app"
 APP_NAME = "lantern"
@@ -120,15 +119,13 @@ def deploy_command(address: str, wait_timeout: float, **options: Any) -> None:
 
 
 def _request(method: str, url: str, body: Any = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            text = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:2000]
-        raise click.ClickException(f"{method} {url}: HTTP {exc.code} {detail}") from None
-    except OSError as exc:
-        raise click.ClickException(f"Cannot reach the Ray dashboard at {url}: {exc}") from None
-    return json.loads(text) if text.strip() else None
+        return dashboard.call(method, url, body)
+    except dashboard.DashboardError as exc:
+        if exc.status is None:
+            raise click.ClickException(
+                f"Cannot reach the Ray dashboard at {url}: {exc.detail}"
+            ) from None
+        raise click.ClickException(
+            f"{method} {url}: HTTP {exc.status} {exc.detail[:2000]}"
+        ) from None
