@@ -20,8 +20,11 @@ from urllib.parse import urlsplit
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, timeline: bool = False) -> None:
         self.latencies: list[float] = []
+        # With a timeline: (CLOCK_MONOTONIC at send, latency) per answered request, so that a
+        # caller can cut the run into windows around an event (bench.scaleup).
+        self.timeline: list[tuple[float, float]] | None = [] if timeline else None
         self.errors = {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0}
 
 
@@ -61,6 +64,7 @@ async def _connection(
                 stats.errors["connect"] += 1
                 await asyncio.sleep(0.01)
                 continue
+        sent_at = time.monotonic()
         started = time.perf_counter()
         try:
             writer.write(request)
@@ -72,7 +76,10 @@ async def _connection(
             stats.errors["read"] += 1
             keep = False
         else:
-            stats.latencies.append(time.perf_counter() - started)
+            latency = time.perf_counter() - started
+            stats.latencies.append(latency)
+            if stats.timeline is not None:
+                stats.timeline.append((sent_at, latency))
             if not 200 <= status < 400:
                 stats.errors["status"] += 1
         if not keep:
@@ -89,7 +96,9 @@ def _percentile(ordered: list[float], pct: float) -> float:
     return ordered[index]
 
 
-async def run(url: str, concurrency: int, seconds: float, timeout: float) -> dict[str, float]:
+async def run(
+    url: str, concurrency: int, seconds: float, timeout: float, timeline: Path | None = None
+) -> dict[str, float]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     body = Path(os.environ["BENCH_BODY"]).read_bytes()
@@ -99,13 +108,15 @@ async def run(url: str, concurrency: int, seconds: float, timeout: float) -> dic
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode("latin-1") + body
-    stats = Stats()
+    stats = Stats(timeline is not None)
     started = time.perf_counter()
     deadline = started + seconds
     await asyncio.gather(
         *(_connection(host, port, request, deadline, timeout, stats) for _ in range(concurrency))
     )
     elapsed = time.perf_counter() - started
+    if timeline is not None and stats.timeline is not None:
+        timeline.write_text(json.dumps(stats.timeline))
     ordered = sorted(stats.latencies)
     us = 1e6
     return {
@@ -126,8 +137,11 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", type=int, default=1)
     parser.add_argument("-d", "--duration", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--timeline", type=Path, help="write [send time (CLOCK_MONOTONIC), latency] per request"
+    )
     args = parser.parse_args()
-    coro = run(args.url, args.concurrency, args.duration, args.timeout)
+    coro = run(args.url, args.concurrency, args.duration, args.timeout, args.timeline)
     try:
         import uvloop
     except ImportError:

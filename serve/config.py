@@ -81,6 +81,9 @@ class Config:
     worker_restart_backoff_reset: float = 60.0
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
     worker_spares: int = 1  # warm interpreters (torch imported) for the next worker start
+    # A starting worker (or spare) imports torch & co. at this nice value, so that under load it
+    # takes the CPU the serving workers leave (serve/worker/spares.py); 0: normal priority.
+    worker_start_nice: int = 10
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
@@ -167,6 +170,8 @@ class Config:
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if self.worker_spares < 0:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
+        if not 0 <= self.worker_start_nice <= 19:
+            raise ConfigError("Config 'worker_start_nice' must be between 0 and 19")
         if (
             self.enable_grpc
             and self.enable_grpc_ssl

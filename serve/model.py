@@ -225,7 +225,14 @@ class ModelVersion:
         interpreter with torch imported) fit it. A version's first worker starts cold, and a
         torch-free handler's workers stay free of torch: their memory (the RSS cap, admission)
         is their own."""
-        return any("torch" in (getattr(s.process, "modules", None) or ()) for s in self.pool.slots)
+        return "torch" in self._frameworks()
+
+    def _frameworks(self) -> list[str]:
+        """The frameworks (`serve.worker.spares.PRELOADABLE`) this version's workers imported."""
+        seen: set[str] = set()
+        for slot in self.pool.slots:
+            seen.update(getattr(slot.process, "modules", None) or ())
+        return sorted(seen)
 
     def _gpu_for(self, index: int) -> int | None:
         if (self.settings.device_type or "").lower() == "cpu":
@@ -255,6 +262,9 @@ class ModelVersion:
             "dependency_path": (
                 str(self.source.dependency_path) if self.source.dependency_path else None
             ),
+            # A cold start of a model known to use torch & co. imports them at low priority.
+            "preload": self._frameworks(),
+            "start_nice": self.config.worker_start_nice,
         }
 
     def threads_per_worker(self) -> int:

@@ -91,7 +91,9 @@ class Registry:
         # Every change of models or worker counts moves the server-wide thread budget.
         self.thread_budget = ThreadBudget(self.all_versions)
         # Warm interpreters for the next worker start (serve/worker/spares.py); started lazily.
-        self.spares = SparePool(config.worker_spares, worker_base_env(config))
+        self.spares = SparePool(
+            config.worker_spares, worker_base_env(config), config.worker_start_nice
+        )
         self.listeners: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
         self._quiet = 0

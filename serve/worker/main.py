@@ -326,7 +326,8 @@ def main(argv: list[str]) -> int:
     if argv[1] == "--spare":  # a warm spare: the spec comes on stdin when a worker is needed
         from serve.worker.spares import wait_as_spare
 
-        spare_spec = wait_as_spare(argv[2].split(",") if len(argv) > 2 else [])
+        modules = argv[2].split(",") if len(argv) > 2 and argv[2] else []
+        spare_spec = wait_as_spare(modules, int(argv[3]) if len(argv) > 3 else 0)
         if spare_spec is None:
             return 0
         spec = spare_spec
@@ -337,6 +338,12 @@ def main(argv: list[str]) -> int:
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
     try:
         _pin_cpus(spec)
+        if spec.get("preload") and argv[1] != "--spare":  # a spare has imported them already
+            from serve.worker.spares import preload
+
+            nice = int(spec.get("start_nice") or 0)
+            took = preload(spec["preload"], nice)
+            logger.info("Imported %s at nice %d in %.2f s", ", ".join(spec["preload"]), nice, took)
         service, context = load(spec)
         _cap_threads(spec)
     except BaseException as exc:

@@ -19,6 +19,7 @@ from serve.errors import ServeError, WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode, predict_frame
 from serve.worker.spares import SparePool
+from serve.worker.spawn import Child, spawn
 
 __all__ = [  # the job types live in serve.jobs; these names stay importable from here
     "BatchItem",
@@ -67,7 +68,7 @@ class WorkerProcess:
         self.gpu_id: int | None = spec.get("gpu_id")
         self.threads: int | None = spec.get("num_threads")  # its share of the thread budget
         self.warm = False  # started from a warm spare
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._partials: dict[int, Callable[[list[ItemResult]], None]] = {}
@@ -139,7 +140,7 @@ class WorkerProcess:
             if self.spares is not None:
                 self.spares.worker_started()
 
-    async def _spawn(self, spec: dict[str, Any]) -> asyncio.subprocess.Process:
+    async def _spawn(self, spec: dict[str, Any]) -> Child:
         """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh
         interpreter given it on its command line."""
         spare = self.spares.take() if self.spares is not None and self.use_spare else None
@@ -153,17 +154,7 @@ class WorkerProcess:
                 return spare
             except (ConnectionError, RuntimeError):  # it died meanwhile: start afresh
                 spare.kill()
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "serve.worker",
-            json.dumps(spec),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,  # a Ctrl-C at the terminal reaches the frontend only
-        )
+        return await spawn([sys.executable, "-m", "serve.worker", json.dumps(spec)], env=self.env)
 
     async def _await_or_exit(self, awaitable: Any, timeout: float) -> Any:
         task = asyncio.ensure_future(awaitable)

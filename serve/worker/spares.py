@@ -21,6 +21,17 @@ torch-free models keeps a bare interpreter.
 Spares share one environment, the server's (`worker_base_env`); a worker's thread share reaches
 it through its spec (``torch.set_num_threads`` and ONNX Runtime's session options) instead of
 ``OMP_NUM_THREADS``, which a spare has at 1 unless the server's environment sets it.
+
+**Imports at low priority** (`preload`). A spare, or a cold worker of a model whose workers are
+known to use torch, imports the frameworks in a thread whose nice value is raised by
+``worker_start_nice`` (default 10): under load the serving workers and the frontend keep the
+cores, and the import takes what they leave (at nice 10 a thread gets ~1/10 of a contended core's
+share). Only the import thread is lowered (Linux keeps a nice value per thread): loading the model,
+the warm-up and inference run in the main thread at normal priority, and a raised nice value could
+not be lowered again without privileges. Threads a framework starts while it is imported inherit
+the lowered value, so NumPy (whose OpenBLAS starts its thread pool when imported) is imported at
+normal priority first; torch and torchvision start no thread when imported, ONNX Runtime one that
+stays idle (its compute threads start with a session, in the main thread).
 """
 
 from __future__ import annotations
@@ -31,7 +42,10 @@ import logging
 import os
 import re
 import sys
+import threading
 from typing import Any
+
+from serve.worker.spawn import Child, spawn
 
 # The server log, not the model log that "serve.worker.*" records go to.
 logger = logging.getLogger("serve.spares")
@@ -60,17 +74,18 @@ def worker_base_env(config: Any) -> dict[str, str]:
 class SparePool:
     """Keeps up to ``size`` spare interpreters ready; `take` hands one over."""
 
-    def __init__(self, size: int, env: dict[str, str]) -> None:
+    def __init__(self, size: int, env: dict[str, str], nice: int = 0) -> None:
         self.size = size
+        self.nice = nice  # the spare's imports run at this nice value (see `preload`)
         self.env = dict(env)
         for key in _THREAD_VARS:  # the worker's share comes with its spec
             self.env.setdefault(key, "1")
         self.preload: set[str] = set()
-        self._ready: list[asyncio.subprocess.Process] = []
-        self._preloaded: dict[asyncio.subprocess.Process, frozenset[str]] = {}
+        self._ready: list[Child] = []
+        self._preloaded: dict[Child, frozenset[str]] = {}
         self._worker_starts = 0  # workers starting now: spares wait until they are done
         self._starting: set[asyncio.Task[None]] = set()
-        self._all: set[asyncio.subprocess.Process] = set()
+        self._all: set[Child] = set()
         self.closed = False
 
     def worker_starting(self) -> None:
@@ -82,7 +97,7 @@ class SparePool:
         self._worker_starts = max(0, self._worker_starts - 1)
         self.refill()
 
-    def take(self) -> asyncio.subprocess.Process | None:
+    def take(self) -> Child | None:
         """A ready spare, or None (then the caller starts a fresh worker)."""
         spare = None
         while self._ready:
@@ -108,7 +123,7 @@ class SparePool:
             logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, ", ".join(new))
         self.refill()
 
-    def _discard(self, proc: asyncio.subprocess.Process) -> None:
+    def _discard(self, proc: Child) -> None:
         if proc.stdin is not None:
             with contextlib.suppress(Exception):
                 proc.stdin.close()  # EOF: the spare exits by itself
@@ -129,18 +144,12 @@ class SparePool:
     async def _start_one(self) -> None:
         preload = frozenset(self.preload)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "serve.worker",
-                "--spare",
-                ",".join(sorted(preload)),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            proc = await spawn(
+                [sys.executable, "-m", "serve.worker", "--spare", ",".join(sorted(preload)),
+                 str(self.nice)],
                 env=self.env,
-                start_new_session=True,  # as workers: a Ctrl-C reaches the frontend only
-            )
+                stdin=True,
+            )  # fmt: skip
         except OSError as exc:
             logger.warning("Could not start a spare worker: %s", exc)
             return
@@ -188,7 +197,7 @@ class SparePool:
         self._preloaded.clear()
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
+def _kill(proc: Child) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -199,20 +208,44 @@ def loaded_frameworks() -> list[str]:
     return [name for name in PRELOADABLE if name in sys.modules]
 
 
-def wait_as_spare(preload: list[str]) -> dict[str, Any] | None:
-    """In the spare process: preload, say so, and wait for a spec (None: stop, no worker)."""
+def preload(modules: list[str], nice: int = 0) -> float:
+    """Import those of ``modules`` that are `PRELOADABLE` and installed, in a thread at the
+    given nice value (Linux; elsewhere, or with 0, in this thread as it is); the seconds it took."""
     import importlib
     import importlib.util
-    import json
+    import time
 
-    for name in preload:
-        if name not in PRELOADABLE:
-            continue
-        if importlib.util.find_spec(name) is not None:
+    def import_all() -> None:
+        if lowered:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        for name in modules:
+            if name not in PRELOADABLE or importlib.util.find_spec(name) is None:
+                continue
             try:
                 importlib.import_module(name)
-            except Exception as exc:  # a broken optional install must not stop the spare
-                print(f"spare: could not preload {name}: {exc}", file=sys.stderr, flush=True)
+            except Exception as exc:  # a broken optional install must not stop the worker
+                print(f"could not preload {name}: {exc}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    lowered = nice > 0 and sys.platform.startswith("linux") and hasattr(os, "setpriority")
+    if not lowered:
+        import_all()
+        return time.monotonic() - started
+    if importlib.util.find_spec("numpy") is not None:
+        with contextlib.suppress(Exception):  # its BLAS threads start now, at normal priority
+            importlib.import_module("numpy")
+    thread = threading.Thread(target=import_all, name="lantern-preload")
+    thread.start()
+    thread.join()
+    return time.monotonic() - started
+
+
+def wait_as_spare(modules: list[str], nice: int = 0) -> dict[str, Any] | None:
+    """In the spare process: preload, say so, and wait for a spec (None: stop, no worker)."""
+    import json
+
+    preload(modules, nice)
     # The worker's own modules too: everything but the model is then in memory.
     import handlers.context
     import handlers.service  # noqa: F401

@@ -130,7 +130,7 @@ def test_stop_with_a_stale_record_removes_it(folder: Folder) -> None:
     assert folder.start().returncode == 0
     info = folder.info()
     # The server dies without removing its record (SIGKILL): the record is stale.
-    os.killpg(info["pid"], 9)  # the server and its workers: a session of their own
+    os.killpg(info["pid"], 9)  # its workers follow it (PR_SET_PDEATHSIG)
     _wait_gone(info["pid"])
     stopped = folder.stop()
     assert stopped.returncode == 0

@@ -81,6 +81,37 @@ def test_a_crashed_worker_is_replaced_by_the_warm_spare(server: LanternServer) -
     wait_for(lambda: [p for p in ready_spares(server) if p != spare], 120, "the next spare")
 
 
+def thread_nice_values(pid: int) -> dict[int, int]:
+    """Each thread's nice value (field 19 of /proc/PID/task/TID/stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+def test_new_workers_import_at_low_priority_and_serve_at_normal_priority(
+    server: LanternServer,
+) -> None:
+    # By now a worker of "t" has reported torch: a cold start preloads it at worker_start_nice.
+    api = server.management
+    resp = httpx.put(f"{api}/models/t?min_worker=3&synchronous=true", timeout=180)
+    assert resp.status_code == 200, resp.text
+    try:
+        pids = server.worker_pids("t")
+        assert len(pids) == 3
+        for _ in range(6):
+            assert httpx.post(f"{server.inference}/predictions/t", content=b"x").status_code == 200
+        for pid in pids:
+            # Every thread, the main one and any torch started, runs at normal priority: only
+            # the import thread (gone now) was lowered.
+            assert set(thread_nice_values(pid).values()) == {0}, pid
+        log = server.log_text("model_log.log")
+        assert "Imported torch at nice 10 in" in log  # a cold start (the spare went to one)
+    finally:
+        httpx.put(f"{api}/models/t?min_worker=1&synchronous=true", timeout=120)
+
+
 def test_spares_end_with_the_server(server: LanternServer) -> None:
     spares = wait_for(lambda: spares_of(server), 120, "a spare")
     assert server.proc is not None
