@@ -37,7 +37,7 @@ import yaml
 
 from archiver import build
 from bench.models import ModelFactory
-from bench.recovery import _request, ready_pids, wait_new_spare
+from bench.recovery import _request, logged_ready, ready_pids, wait_new_spare
 from bench.server import LanternProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,6 +197,7 @@ def trial(
         )
         poller.start()
         time.sleep(max(0.0, put - time.monotonic()))
+        spares_before = logged_ready(lantern)
         put = time.monotonic()
         threading.Thread(
             target=_request, args=("PUT", f"{api}/models/{model}?min_worker=4&synchronous=false")
@@ -211,6 +212,9 @@ def trial(
             next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))[11:]
         )
         timeline = json.loads(timeline_file.read_text())
+    # The scale-up took the spare: the next trial starts once its replacement is ready, so that
+    # no spare's import falls into that trial's "before".
+    wait_new_spare(lantern, spares_before, spares)
     result = Trial(setup, to_ready_s=None if ready is None else ready - put)
     result.ready_at = sorted(v for v in seen.values() if v > 0)
     result.worst_window_p99 = worst_window(timeline, put, ready)
@@ -227,6 +231,31 @@ def trial(
         result.max[key] = ordered[-1] if ordered else float("nan")
         result.count[key] = len(ordered)
     return result
+
+
+def report(trials: list[Trial], setups: list[str]) -> None:
+    """The table: one row per trial, then each setup's medians."""
+    print(
+        "setup        p99 before  during   after  during/before  during/steady  worst 1 s/before"
+        "  max before  max during  4 READY s  errors"
+    )
+    for t in trials:
+        ready = f"{t.to_ready_s:.2f}" if t.to_ready_s is not None else "not in run"
+        print(
+            f"{t.setup:<12} {t.p99['before']:>10.2f} {t.p99['during']:>7.2f} "
+            f"{t.p99['after']:>7.2f} {t.ratio:>14.2f} {t.spike:>14.2f} "
+            f"{t.worst_window_p99 / t.p99['before']:>17.2f} {t.max['before']:>11.2f} "
+            f"{t.max['during']:>11.2f} {ready:>10} {t.errors:>7}"
+        )
+    for name in setups:
+        mine = [t for t in trials if t.setup == name]
+        ratio = statistics.median(t.ratio for t in mine)
+        spike = statistics.median(t.spike for t in mine)
+        worst = statistics.median(t.worst_window_p99 / t.p99["before"] for t in mine)
+        print(
+            f"{name}: median during/before {ratio:.2f}, during/steady {spike:.2f}, "
+            f"worst 1 s window/before {worst:.2f} ({len(mine)} trials)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,22 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for lantern in servers.values():
             lantern.stop()
-    print(
-        "setup         p99 before  p99 during  during/before  max during  p99 after  "
-        "4 READY s  errors"
-    )
-    for t in trials:
-        ready = f"{t.to_ready_s:.2f}" if t.to_ready_s is not None else "not in run"
-        print(
-            f"{t.setup:<13} {t.p99['before']:>10.2f} {t.p99['during']:>11.2f} "
-            f"{t.ratio:>14.2f} {t.max['during']:>11.2f} {t.p99['after']:>10.2f} "
-            f"{ready:>10} {t.errors:>7}"
-        )
-    for name in setups:
-        ratios = [t.ratio for t in trials if t.setup == name]
-        print(
-            f"{name}: median during/before {statistics.median(ratios):.2f} ({len(ratios)} trials)"
-        )
+    report(trials, setups)
     print(f"\n{args.server}; c=4, unbatched; load average now {os.getloadavg()[0]:.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"scaleup-{time.strftime('%Y%m%d-%H%M%S')}.json"
