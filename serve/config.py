@@ -81,6 +81,10 @@ class Config:
     worker_restart_backoff_reset: float = 60.0
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
     worker_spares: int = 1  # warm interpreters (torch imported) for the next worker start
+    # Request bodies of at least worker_shm_threshold_kb KiB go to the worker through a shared-
+    # memory arena of worker_shm_arena_mb MiB per worker (serve/shm.py); 0 MiB: always inline.
+    worker_shm_arena_mb: int = 128
+    worker_shm_threshold_kb: int = 64
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
@@ -167,6 +171,10 @@ class Config:
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if self.worker_spares < 0:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
+        if self.worker_shm_arena_mb < 0:
+            raise ConfigError("Config 'worker_shm_arena_mb' must be 0 or more")
+        if self.worker_shm_threshold_kb < 1:
+            raise ConfigError("Config 'worker_shm_threshold_kb' must be 1 or more")
         if (
             self.enable_grpc
             and self.enable_grpc_ssl
