@@ -169,8 +169,8 @@ def test_a_streamed_batch_keeps_its_space_until_the_final_result(tmp_path: Path)
 
 
 def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> None:
-    flag = tmp_path / "holding"
-    held = f"hold:{flag}\n".encode() + body(2 * MiB, 1)
+    gate = tmp_path / "gate"
+    held = f"wait:{gate}\n".encode() + body(2 * MiB, 1)
 
     async def scenario() -> None:
         proc = WorkerProcess(
@@ -182,7 +182,7 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
             assert arena is not None
             batch = asyncio.create_task(proc.run_batch(items(held)))
             async with asyncio.timeout(60):  # the handler has the body: it created the flag
-                while not flag.exists():
+                while not Path(f"{gate}.started").exists():
                     await asyncio.sleep(0.05)
             assert arena.allocator.in_use == len(held)  # held while the worker has it
             proc.kill()

@@ -2,9 +2,9 @@
 worker maps of a shared-memory arena (``serve.shm``).
 
 ``model-config.yaml`` ``digest: {torch: true}`` imports torch at load (so the server's warm spares
-preload it and a replacement worker comes from a spare). A body that starts with ``hold:PATH\\n``
-creates PATH and then waits (up to 120 s) unless PATH existed already: a test kills the worker
-while it waits, and the retried request runs through at once.
+preload it and a replacement worker comes from a spare). A body that starts with ``wait:PATH\\n``
+creates ``PATH.started``, then waits (up to 120 s) for ``PATH.release`` to exist: tests wait on the
+files, never on time (to queue a batch behind it, or to kill the worker while it holds one).
 """
 
 import hashlib
@@ -35,11 +35,12 @@ def handle(data, context):
     out = []
     for row in data:
         body = row.get("body", row.get("data"))
-        if body.startswith(b"hold:"):
+        if body.startswith(b"wait:"):
             path = body[5 : body.index(b"\n")].decode()
-            if not os.path.exists(path):
-                open(path, "w").close()
-                time.sleep(120)
+            open(path + ".started", "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(path + ".release") and time.monotonic() < deadline:
+                time.sleep(0.01)
         out.append(
             {
                 "n": len(body),
