@@ -193,6 +193,30 @@ def receive_arena(sock: socket.socket, size: int) -> mmap.mmap:
             os.close(fd)
 
 
+class WorkerArena:
+    """The worker's side: its read-only mapping of the arena."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self._map = mapping
+        self.view = memoryview(mapping)
+
+    def drop_pages(self, refs: list[list[int]]) -> None:
+        """Unmap the pages of payloads already copied out (``[index, offset, length]`` each, as
+        checked by `serve.protocol.resolve_shared`) from this process, not from the arena.
+
+        They stay in the arena for the frontend; here they would count in the worker's resident
+        set (its ``worker_max_rss_mb`` recycling, memory admission) until the worker exits. The
+        next read maps them again, many pages per fault."""
+        end = max((offset + length for _, offset, length in refs), default=0)
+        if end and hasattr(mmap, "MADV_DONTNEED"):
+            with contextlib.suppress(OSError, ValueError):
+                self._map.madvise(mmap.MADV_DONTNEED, 0, min(_round_up(end), len(self._map)))
+
+
+def _round_up(n: int) -> int:
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
 def _memfd(name: str) -> int:
     flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
     try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from serve.logs import encode_worker_record
 from serve.protocol import Frame, FrameReader, MsgType, encode, resolve_shared
+from serve.shm import WorkerArena, receive_arena
 
 logger = logging.getLogger("serve.worker")
 
@@ -30,11 +31,9 @@ class Connection:
     def __init__(self, path: str, shm_bytes: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
-        self.arena: memoryview | None = None
+        self.arena: WorkerArena | None = None
         if shm_bytes:  # the frontend sends its descriptor first, before any frame
-            from serve.shm import receive_arena
-
-            self.arena = memoryview(receive_arena(self.sock, shm_bytes))
+            self.arena = WorkerArena(receive_arena(self.sock, shm_bytes))
         # Large request bodies are received straight into their own buffers (one copy).
         self.reader = FrameReader(self.sock.recv_into)
 
@@ -45,7 +44,11 @@ class Connection:
         """The next frame (shared-memory payloads copied out, one copy each); None at the end."""
         frame = self.reader.read()
         if frame is not None and "shm" in frame.meta:
-            frame = resolve_shared(frame, self.arena)
+            refs = frame.meta["shm"]
+            view = self.arena.view if self.arena is not None else None
+            frame = resolve_shared(frame, view)  # a bad reference raises ProtocolError
+            if self.arena is not None:
+                self.arena.drop_pages(refs)
         return frame
 
 

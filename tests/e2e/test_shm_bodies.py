@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from tests.support.arena import arena_fds, arena_mappings, fd_count
 from tests.support.server import HANDLERS, LanternServer, build_archive
 
 T = TypeVar("T")
@@ -76,22 +77,6 @@ def check_intact(responses: list[httpx.Response], bodies: list[bytes]) -> list[d
     return got
 
 
-def arena_maps(pid: int) -> int:
-    """How many arena mappings process ``pid`` has."""
-    return Path(f"/proc/{pid}/maps").read_text().count("/memfd:lantern-arena")
-
-
-def fds(pid: int) -> list[str]:
-    """Where each of process ``pid``'s descriptors points."""
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue
-    return out
-
-
 def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
@@ -129,11 +114,11 @@ def test_1_and_8_mib_bodies_in_one_batch_arrive_intact_through_the_arena(
     bodies = [body(MiB, 1), body(8 * MiB, 2), body(8 * MiB, 3)]
     got = check_intact(post_batch(server, bodies, tmp_path / "gate"), bodies)
     assert [g["batch"] for g in got] == [3, 3, 3]
-    # The worker maps its arena read-only, and has read the 17 MiB placed there.
-    assert got[0]["arena"]["perms"] == "r--s"
-    assert got[0]["arena"]["rss_kb"] >= 17 * 1024
-    (worker,) = server.worker_pids("digest")
-    assert arena_maps(server.pid) == 1 == arena_maps(worker)
+    # The frontend wrote the 17 MiB into the arena; the worker maps it read-only, and dropped
+    # the pages from its own resident set once it had copied the bodies out.
+    ((perms, resident),) = arena_mappings(server.pid)
+    assert perms == "rw-s" and resident >= 17 * 1024
+    assert [g["arena"] for g in got] == [{"perms": "r--s", "rss_kb": 0}] * 3
 
 
 def test_a_body_bigger_than_the_arena_goes_inline(server: LanternServer, tmp_path: Path) -> None:
@@ -148,9 +133,9 @@ def test_a_killed_workers_arena_is_gone_and_its_warm_replacement_gets_one(
     spare = wait_for(lambda: torch_spares(server), 180, "a spare with torch")[0]
     (old,) = server.worker_pids("digest")
     frontend = server.pid
-    before = len(fds(frontend))
+    before = fd_count(frontend)
     # Its one arena descriptor: the frontend's mapping keeps one (Python's mmap holds a dup).
-    assert sum("memfd:lantern-arena" in link for link in fds(frontend)) == 1
+    assert arena_fds(frontend) == 1
     gate = tmp_path / "held"
     with ThreadPoolExecutor(1) as pool:  # an 8 MiB body, held in the handler
         running = pool.submit(post, server, f"wait:{gate}\n".encode() + body(8 * MiB, 7))
@@ -164,14 +149,15 @@ def test_a_killed_workers_arena_is_gone_and_its_warm_replacement_gets_one(
     got = check_intact(post_batch(server, bodies, tmp_path / "gate"), bodies)
     assert [g["batch"] for g in got] == [3, 3, 3]
     assert {g["pid"] for g in got} == {spare}
-    assert got[0]["arena"]["perms"] == "r--s"
-    assert got[0]["arena"]["rss_kb"] >= 17 * 1024
-    # The dead worker's arena is unmapped: one mapping and one descriptor, the new worker's.
-    assert arena_maps(frontend) == 1
-    assert sum("memfd:lantern-arena" in link for link in fds(frontend)) == 1
+    assert got[0]["arena"] == {"perms": "r--s", "rss_kb": 0}
+    # The dead worker's arena is unmapped: one mapping and one descriptor, the new worker's,
+    # which holds the 17 MiB just placed.
+    ((_, resident),) = arena_mappings(frontend)
+    assert resident >= 17 * 1024
+    assert arena_fds(frontend) == 1
     # Once the pool has its next spare (in place of the one used), nothing else is left open.
     wait_for(lambda: [p for p in torch_spares(server) if p != spare], 180, "the next spare")
-    wait_for(lambda: len(fds(frontend)) <= before, 30, f"at most {before} descriptors")
+    wait_for(lambda: fd_count(frontend) <= before, 30, f"at most {before} descriptors")
 
 
 def test_with_the_arena_off_every_body_goes_inline(tmp_path: Path) -> None:
@@ -183,4 +169,4 @@ def test_with_the_arena_off_every_body_goes_inline(tmp_path: Path) -> None:
         bodies = [body(MiB, 1), body(8 * MiB, 2), body(8 * MiB, 3)]
         got = check_intact(post_batch(off, bodies, tmp_path / "gate"), bodies)
         assert [g["arena"] for g in got] == [None] * 3
-        assert arena_maps(off.pid) == 0
+        assert arena_mappings(off.pid) == [] and arena_fds(off.pid) == 0

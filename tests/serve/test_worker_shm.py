@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from archiver import build, open_archive
 from serve.errors import WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult
 from serve.worker.process import WorkerProcess
+from tests.support.arena import arena_fds, arena_mappings
 from tests.support.server import HANDLERS
 
 MiB = 1 << 20
@@ -61,17 +61,6 @@ def answers(outcome: BatchOutcome) -> list[dict]:
     return [json.loads(r.body) for r in outcome.results]
 
 
-def memfd_links() -> int:
-    """This (frontend) process's descriptors of worker arenas."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:lantern-arena")
-        except OSError:
-            continue
-    return count
-
-
 def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
     tmp_path: Path,
 ) -> None:
@@ -85,7 +74,7 @@ def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
         try:
             assert proc.arena is not None
             assert proc.arena.fd is None  # sent to the worker, closed here
-            assert memfd_links() == 1  # the mapping's own descriptor, one per live worker
+            assert arena_fds() == 1  # the mapping's own descriptor, one per live worker
             got = answers(await proc.run_batch(items(*bodies)))
             assert [(a["n"], a["sha256"], a["type"]) for a in got] == [
                 (len(b), hashlib.sha256(b).hexdigest(), "bytearray") for b in bodies
@@ -93,18 +82,19 @@ def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
             # 1 MiB, 8 MiB and the body of exactly the threshold went by the arena.
             assert (proc.arena.placed, proc.arena.inline) == (3, 0)
             assert (proc.arena.allocator.in_use, proc.arena.allocator.top) == (0, 0)
-            # The worker maps it read-only and shared, and read what was placed.
-            arena = got[0]["arena"]
-            assert arena["perms"] == "r--s"
-            assert arena["rss_kb"] >= (9 * MiB + (64 << 10)) // 1024
+            # The worker maps it read-only and shared; once it has copied the bodies out it drops
+            # the pages from its own resident set (they stay in the arena).
+            assert got[0]["arena"] == {"perms": "r--s", "rss_kb": 0}
+            ((perms, resident),) = arena_mappings()
+            assert perms == "rw-s" and resident >= (9 * MiB + (64 << 10)) // 1024
             # The next batch starts at offset 0 again: the same pages, not new ones.
             again = answers(await proc.run_batch(items(body(8 * MiB, 5))))
             assert again[0]["sha256"] == hashlib.sha256(body(8 * MiB, 5)).hexdigest()
-            assert again[0]["arena"]["rss_kb"] == arena["rss_kb"]
+            assert arena_mappings() == [(perms, resident)]
         finally:
             await proc.stop(5)
         assert proc.arena is None
-        assert memfd_links() == 0
+        assert arena_fds() == 0 and arena_mappings() == []
 
     asyncio.run(scenario())
 
@@ -135,10 +125,28 @@ def test_without_an_arena_every_body_goes_inline(tmp_path: Path) -> None:
         )
         await proc.start(60)
         try:
-            assert proc.arena is None and memfd_links() == 0
+            assert proc.arena is None and arena_fds() == 0
             (got,) = answers(await proc.run_batch(items(body(2 * MiB, 1))))
             assert got["sha256"] == hashlib.sha256(body(2 * MiB, 1)).hexdigest()
             assert got["arena"] is None  # the worker maps nothing
+        finally:
+            await proc.stop(5)
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_whose_arena_cannot_be_created_starts_and_goes_inline(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        # 4 EiB: the frontend cannot map that much (any failure creating it: no arena).
+        proc = WorkerProcess(
+            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=1 << 62
+        )
+        await proc.start(60)
+        try:
+            assert proc.arena is None and arena_fds() == 0
+            (got,) = answers(await proc.run_batch(items(body(2 * MiB, 1))))
+            assert got["sha256"] == hashlib.sha256(body(2 * MiB, 1)).hexdigest()
+            assert got["arena"] is None
         finally:
             await proc.stop(5)
 
@@ -189,7 +197,7 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
             with pytest.raises(WorkerDied):
                 await asyncio.wait_for(batch, 30)
             assert proc.arena is None and arena.closed
-            assert memfd_links() == 0  # the worker is gone, and so is every descriptor of it
+            assert arena_fds() == 0  # the worker is gone, and so is every descriptor of it
         finally:
             await proc.stop(1)
 
