@@ -228,3 +228,19 @@ def test_receiving_anything_but_the_marker_fails() -> None:
     finally:
         left.close()
         right.close()
+
+
+# ----- configuration ----------------------------------------------------------------------------
+
+
+def test_the_arena_keys_have_defaults_come_from_the_environment_and_are_checked() -> None:
+    from serve.config import Config, ConfigError
+
+    default = Config.load(env={})
+    assert (default.worker_shm_arena_mb, default.worker_shm_threshold_kb) == (128, 64)
+    env = {"LANTERN_WORKER_SHM_ARENA_MB": "0", "LANTERN_WORKER_SHM_THRESHOLD_KB": "256"}
+    off = Config.load(env=env)
+    assert (off.worker_shm_arena_mb, off.worker_shm_threshold_kb) == (0, 256)
+    for bad in ({"worker_shm_arena_mb": -1}, {"worker_shm_threshold_kb": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            Config.from_mapping(bad)
