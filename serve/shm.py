@@ -41,7 +41,7 @@ MARKER = b"LANTERN-ARENA\x00\x00\x00"
 ALIGN = 64  # each payload starts on a cache line
 _MFD_NOEXEC_SEAL = 0x0008  # Linux 6.3+: also sealed against exec (silences a kernel warning)
 _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
-_unavailable_logged = False
+_logged: set[bool] = set()  # which of the two messages below this process has logged
 
 
 class BumpAllocator:
@@ -226,11 +226,10 @@ def _memfd(name: str) -> int:
 
 
 def _log_unavailable(reason: str, fatal: bool = True) -> None:
-    """Once per process: request bodies go inline (``fatal``), or the arena is less sealed."""
-    global _unavailable_logged
-    if _unavailable_logged:
+    """Once per process each: request bodies go inline (``fatal``), or arenas are less sealed."""
+    if fatal in _logged:
         return
-    _unavailable_logged = True
+    _logged.add(fatal)
     if fatal:
         logger.info("Shared-memory request bodies are off (%s): bodies go inline", reason)
     else:
