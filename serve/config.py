@@ -84,6 +84,10 @@ class Config:
     # A starting worker (or spare) imports torch & co. at this nice value, so that under load it
     # takes the CPU the serving workers leave (serve/worker/spares.py); 0: normal priority.
     worker_start_nice: int = 10
+    # Request bodies of at least worker_shm_threshold_kb KiB go to the worker through a shared-
+    # memory arena of worker_shm_arena_mb MiB per worker (serve/shm.py); 0 MiB: always inline.
+    worker_shm_arena_mb: int = 128
+    worker_shm_threshold_kb: int = 64
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
@@ -172,6 +176,10 @@ class Config:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
         if not 0 <= self.worker_start_nice <= 19:
             raise ConfigError("Config 'worker_start_nice' must be between 0 and 19")
+        if self.worker_shm_arena_mb < 0:
+            raise ConfigError("Config 'worker_shm_arena_mb' must be 0 or more")
+        if self.worker_shm_threshold_kb < 1:
+            raise ConfigError("Config 'worker_shm_threshold_kb' must be 1 or more")
         if (
             self.enable_grpc
             and self.enable_grpc_ssl

@@ -218,6 +218,8 @@ class ModelVersion:
             env=self._worker_env(),
             spares=self.spares,
             use_spare=self._loads_torch(),
+            arena_bytes=self.config.worker_shm_arena_mb << 20,
+            arena_threshold=self.config.worker_shm_threshold_kb << 10,
         )
 
     def _loads_torch(self) -> bool:

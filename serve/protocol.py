@@ -8,6 +8,10 @@ A frame is a fixed header, a table of payload lengths, JSON metadata, then the r
     payloads
 
 Bytes go in, frames come out; the I/O lives with the callers. No pickle crosses the socket.
+
+A PREDICT frame may keep large payloads in the worker's shared-memory arena (`serve.shm`): its
+metadata's ``"shm"`` lists ``[index, offset, length]`` for each, and that payload is sent empty
+(`move_to_shared`, `resolve_shared`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,58 @@ def predict_frame(seq: int, items: Sequence[Any]) -> Frame:
         ]
     }
     return Frame(MsgType.PREDICT, seq, meta, tuple(p[2] for it in items for p in it.params))
+
+
+def move_to_shared(frame: Frame, threshold: int, place: Callable[[bytes], int | None]) -> Frame:
+    """``frame`` with each payload of at least ``threshold`` bytes that ``place`` takes (it copies
+    the payload into the arena and returns its offset, or None: then it stays inline) replaced by
+    an empty payload and named in ``meta["shm"]``. The frame itself if none moved."""
+    refs: list[list[int]] = []
+    payloads = list(frame.payloads)
+    for index, payload in enumerate(payloads):
+        if len(payload) < threshold:
+            continue
+        offset = place(payload)
+        if offset is not None:
+            refs.append([index, offset, len(payload)])
+            payloads[index] = b""
+    if not refs:
+        return frame
+    return Frame(frame.type, frame.seq, {**frame.meta, "shm": refs}, tuple(payloads))
+
+
+def resolve_shared(frame: Frame, arena: memoryview | None) -> Frame:
+    """``frame`` with the payloads its ``meta["shm"]`` names copied out of ``arena`` (a read-only
+    view of the worker's whole arena) into ``bytearray``s, as inline payloads arrive.
+
+    Every reference is checked first: an index of an empty inline payload, named once, and a range
+    inside the arena; anything else (or references without an arena) is a `ProtocolError`.
+    """
+    refs = frame.meta.get("shm")
+    if refs is None:
+        return frame
+    if arena is None:
+        raise ProtocolError("the frame names shared-memory payloads, and this worker has no arena")
+    if not isinstance(refs, list):
+        raise ProtocolError("malformed frame: its shm references are not a list")
+    size = arena.nbytes
+    payloads = list(frame.payloads)
+    seen: set[int] = set()
+    for ref in refs:
+        if not (isinstance(ref, list) and len(ref) == 3 and all(type(v) is int for v in ref)):
+            raise ProtocolError(f"malformed shm reference: {ref!r}"[:200])
+        index, offset, length = ref
+        if not 0 <= index < len(payloads) or index in seen or len(payloads[index]):
+            raise ProtocolError(f"shm reference to payload {index} of {len(payloads)}")
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ProtocolError(
+                f"shm reference to bytes {offset}..{offset + length} of a {size}-byte arena"
+            )
+        seen.add(index)
+    for index, offset, length in refs:
+        payloads[index] = bytearray(arena[offset : offset + length])
+    meta = {k: v for k, v in frame.meta.items() if k != "shm"}
+    return Frame(frame.type, frame.seq, meta, tuple(payloads))
 
 
 def encode(frame: Frame) -> list[bytes]:

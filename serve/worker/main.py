@@ -18,17 +18,22 @@ from collections.abc import Callable
 from typing import Any
 
 from serve.logs import encode_worker_record
-from serve.protocol import Frame, FrameReader, MsgType, encode
+from serve.protocol import Frame, FrameReader, MsgType, encode, resolve_shared
+from serve.shm import WorkerArena, receive_arena
 
 logger = logging.getLogger("serve.worker")
 
 
 class Connection:
-    """Blocking frame I/O on the worker's socket."""
+    """Blocking frame I/O on the worker's socket, and the read-only view of the shared-memory arena
+    that large request bodies come through (``shm_bytes`` from the spec; 0: none, `serve.shm`)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, shm_bytes: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
+        self.arena: WorkerArena | None = None
+        if shm_bytes:  # the frontend sends its descriptor first, before any frame
+            self.arena = WorkerArena(receive_arena(self.sock, shm_bytes))
         # Large request bodies are received straight into their own buffers (one copy).
         self.reader = FrameReader(self.sock.recv_into)
 
@@ -36,7 +41,15 @@ class Connection:
         self.sock.sendall(b"".join(encode(frame)))
 
     def receive(self) -> Frame | None:
-        return self.reader.read()
+        """The next frame (shared-memory payloads copied out, one copy each); None at the end."""
+        frame = self.reader.read()
+        if frame is not None and "shm" in frame.meta:
+            refs = frame.meta["shm"]
+            view = self.arena.view if self.arena is not None else None
+            frame = resolve_shared(frame, view)  # a bad reference raises ProtocolError
+            if self.arena is not None:
+                self.arena.drop_pages(refs)
+        return frame
 
 
 def _die_with_parent() -> None:
@@ -334,7 +347,7 @@ def main(argv: list[str]) -> int:
     else:
         spec = json.loads(argv[1])
     _setup_logging(str(spec.get("log_level") or "INFO").upper())
-    conn = Connection(spec["socket"])
+    conn = Connection(spec["socket"], int(spec.get("shm_bytes") or 0))
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
     try:
         _pin_cpus(spec)

@@ -17,7 +17,16 @@ from typing import Any
 
 from serve.errors import ServeError, WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
-from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode, predict_frame
+from serve.protocol import (
+    Frame,
+    FrameDecoder,
+    MsgType,
+    ProtocolError,
+    encode,
+    move_to_shared,
+    predict_frame,
+)
+from serve.shm import Arena, send_arena
 from serve.worker.spares import SparePool
 from serve.worker.spawn import Child, spawn
 
@@ -53,6 +62,8 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         spares: SparePool | None = None,
         use_spare: bool = True,
+        arena_bytes: int = 0,
+        arena_threshold: int = 1 << 16,
     ) -> None:
         self.worker_id = worker_id
         self.spares = spares
@@ -78,6 +89,10 @@ class WorkerProcess:
         self.exit_code: int | None = None
         self.warmup: dict[str, Any] = {}
         self.gpu_memory = None
+        # Large request bodies go through a shared-memory arena (serve/shm.py); 0: inline only.
+        self.arena_bytes = arena_bytes
+        self.arena_threshold = max(1, arena_threshold)
+        self.arena: Arena | None = None
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
@@ -85,10 +100,18 @@ class WorkerProcess:
         connected = asyncio.get_running_loop().create_future()
 
         def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if not connected.done():
-                connected.set_result((reader, writer))
-            else:
+            if connected.done():
                 writer.close()
+                return
+            if self.arena is not None and self.arena.fd is not None:
+                try:  # before any frame: the worker expects it first (its spec says so)
+                    send_arena(writer.get_extra_info("socket"), self.arena.fd)
+                except OSError as exc:
+                    logger.error("Sending worker %s its arena failed: %s", self.worker_id, exc)
+                    writer.close()  # the worker sees the socket close and exits
+                    return
+                self.arena.close_fd()
+            connected.set_result((reader, writer))
 
         if len(os.fsencode(self.socket_path)) > SOCKET_PATH_MAX:
             raise WorkerStartFailed(
@@ -99,7 +122,13 @@ class WorkerProcess:
             self.socket_path.unlink()
         server = await asyncio.start_unix_server(on_connect, path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
-        spec = dict(self.spec, socket=str(self.socket_path), worker_id=self.worker_id)
+        self.arena = Arena.create(self.arena_bytes, f"lantern-arena-{self.worker_id}")
+        spec = dict(
+            self.spec,
+            socket=str(self.socket_path),
+            worker_id=self.worker_id,
+            shm_bytes=self.arena.size if self.arena is not None else 0,
+        )
         if self.spares is not None:
             self.spares.worker_starting()
         try:
@@ -132,6 +161,7 @@ class WorkerProcess:
             self.state = WorkerState.READY
         except BaseException:
             self.kill()
+            self._close_arena()
             raise
         finally:
             server.close()
@@ -195,6 +225,8 @@ class WorkerProcess:
                             on_partial(_partial_results(frame))
                         continue
                     self._partials.pop(frame.seq, None)
+                    if self.arena is not None:  # the final RESULT: the worker is done with it
+                        self.arena.release(frame.seq)
                     future = self._pending.pop(frame.seq, None)
                     if future is not None and not future.done():
                         future.set_result(frame)
@@ -245,6 +277,7 @@ class WorkerProcess:
         self._fail_pending()
 
     def _fail_pending(self) -> None:
+        self._close_arena()  # the worker is gone: so is every batch's space
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -268,15 +301,21 @@ class WorkerProcess:
         self._pending[seq] = future
         if on_partial is not None:
             self._partials[seq] = on_partial
+        frame = predict_frame(seq, items)
+        arena = self.arena
+        if arena is not None:  # bodies that fit go by shared memory, freed with the RESULT
+            frame = move_to_shared(frame, self.arena_threshold, lambda p: arena.place(seq, p))
         try:
-            self._writer.writelines(encode(predict_frame(seq, items)))
+            self._writer.writelines(encode(frame))
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             self._pending.pop(seq, None)
             self._partials.pop(seq, None)
+            if self.arena is not None:
+                self.arena.release(seq)
             raise WorkerDied(f"Worker {self.worker_id} died.") from exc
-        frame = await future
-        return _outcome(frame)
+        result = await future
+        return _outcome(result)
 
     def set_threads(self, threads: int) -> None:
         """Give a running worker a new intra-op thread share (applied before its next batch)."""
@@ -318,6 +357,12 @@ class WorkerProcess:
                 task.cancel()
         if self._writer is not None:
             self._writer.close()
+        self._close_arena()
+
+    def _close_arena(self) -> None:
+        arena, self.arena = self.arena, None
+        if arena is not None:
+            arena.close()
 
 
 def _outcome(frame: Frame) -> BatchOutcome:
