@@ -12,8 +12,7 @@ path) and ``worker_spares: 1``; both with ``worker_restart_max_backoff: 0`` so t
 start itself, not the restart back-off. Before each spare-server measurement the harness waits
 for the spare to be ready (the server logs it), as an idle server has it.
 
-``--scale`` adds the scale-up scenario: the TorchScript model, 1 worker, under wrk load at c=4;
-p99 for 3 s before, for 3 s from ``PUT /models/NAME?min_worker=4``, and for 3 s after.
+Scale-up under load is ``bench.scaleup``.
 """
 
 from __future__ import annotations
@@ -25,14 +24,12 @@ import re
 import signal
 import statistics
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from archiver import build
-from bench.load import run_load
 from bench.models import TINY_FEATURES, ModelFactory
 from bench.server import LanternProcess
 
@@ -162,33 +159,14 @@ def register_to_ready(lantern: LanternProcess, kind: str, copy: str) -> float:
     return elapsed
 
 
-def scale_up(lantern: LanternProcess, body: Path, seconds: float) -> dict[str, float]:
-    """p99 (ms) before, during and after scaling ``torchscript`` from 1 to 4 workers."""
-    url = lantern.url("torchscript")
-    api = lantern.addresses["management"]
-    out: dict[str, float] = {}
-    out["before"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
-
-    def scale() -> None:
-        _request("PUT", f"{api}/models/torchscript?min_worker=4&synchronous=false")
-
-    threading.Thread(target=scale).start()
-    out["during"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
-    out["after"] = run_load(url, body, "application/json", concurrency=4, seconds=seconds).p99_ms
-    _request("PUT", f"{api}/models/torchscript?min_worker=1&synchronous=true")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="crashes per model and server")
-    parser.add_argument("--scale", action="store_true", help="also the 1 -> 4 scale-up under load")
     parser.add_argument("--server", default="uvicorn")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-recovery"))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     store = build_models(args.work)
-    body, _ = ModelFactory(args.work).body("tiny")
     results: dict[str, Any] = {}
     servers: dict[int, LanternProcess] = {}
     os.environ["LANTERN_WORKER_RESTART_MAX_BACKOFF"] = "0"
@@ -222,17 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"{key} repeat {rep + 1}: crash {crash * 1000:.0f} ms, "
                         f"register {reg * 1000:.0f} ms"
                     )
-        if args.scale:
-            for spares, lantern in servers.items():
-                results[f"scale:spares{spares}"] = scale_up(lantern, body, 3.0)
-                _log(f"scale spares={spares}: {results[f'scale:spares{spares}']}")
     finally:
         for lantern in servers.values():
             lantern.stop()
     print("model        spares  crash->READY p50 (min-max) ms   register->READY p50 ms")
     for key, slot in results.items():
-        if key.startswith("scale:"):
-            continue
         kind, spares = key.split(":")
         crash = sorted(slot["crash"])
         print(
@@ -240,13 +212,6 @@ def main(argv: list[str] | None = None) -> int:
             f"({crash[0] * 1000:.0f}-{crash[-1] * 1000:.0f})"
             f"{statistics.median(slot['register']) * 1000:>26.0f}"
         )
-    for key, p99 in results.items():
-        if key.startswith("scale:"):
-            ratio = p99["during"] / p99["before"] if p99["before"] else float("nan")
-            print(
-                f"{key}: p99 before {p99['before']:.1f} ms, during {p99['during']:.1f} ms "
-                f"({ratio:.2f}x), after {p99['after']:.1f} ms"
-            )
     print(
         f"\n{args.server}; {args.repeats} crashes per model and server, back-off 0; "
         f"load average now {os.getloadavg()[0]:.2f}"
