@@ -81,14 +81,17 @@ def started_outcome(record: Record, health: int | None, log_dir: Path) -> list[s
         )
         tail = f"Logs: {log_dir / 'lantern.log'} and {log_dir / 'model_log.log'}."
         raise CliError("\n".join([head, *failed, tail]), EXIT_MODELS_FAILED)
-    lines = [f"Lantern is running (pid {record.pid})."]
-    for name, address in record.addresses.items():
-        lines.append(f"  {name:<10} {address}")
+    rows = list(record.addresses.items())
     if record.data.get("key_file"):
-        lines.append(f"  {'tokens':<10} {record.data['key_file']}")
-    lines.append(f"  {'record':<10} {record.path}")
-    lines.append(f"  {'logs':<10} {log_dir}")
-    return lines + report_lines(report)
+        rows.append(("tokens", record.data["key_file"]))
+    rows += [("record", str(record.path)), ("logs", str(log_dir))]
+    return [f"Lantern is running (pid {record.pid}).", *labelled(rows)] + report_lines(report)
+
+
+def labelled(rows: list[tuple[str, str]]) -> list[str]:
+    """``  name  value`` lines, the values in one column (after the longest name)."""
+    width = max((len(name) for name, _ in rows), default=0)
+    return [f"  {name:<{width}}  {value}" for name, value in rows]
 
 
 def startup_exit_lines(console: Path, offset: int) -> list[str]:
@@ -151,8 +154,8 @@ def status(path: Path) -> None:
     health = ping(addresses["inference"], context)
     shown = "Healthy" if health == 200 else "Unhealthy"
     click.echo(f"Lantern pid {record.pid}  health: {shown}  folder: {record.cwd}")
-    for name, address in addresses.items():
-        click.echo(f"  {name:<10} {address}")
+    for line in labelled(list(addresses.items())):
+        click.echo(line)
     mgmt = addresses["management"]
     models = get_json(f"{mgmt}/models?limit=1000", token, context).get("models", [])
     rows = [("MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH", "RSS")]

@@ -136,3 +136,18 @@ def test_cors_adds_the_configured_values_and_keeps_the_apps_own() -> None:
     assert status == 200 and headers["access-control-allow-methods"] == "GET, POST"
     status, _ = run_asgi(app, "OPTIONS", {})  # not a preflight: the app answers
     assert status == 404
+
+
+def test_labelled_lines_put_every_value_in_one_column() -> None:
+    from serve.control import labelled
+
+    lines = labelled(
+        [("inference", "http://a"), ("grpc_management", "127.0.0.1:1"), ("logs", "/l")]
+    )
+    assert lines == [
+        "  inference        http://a",
+        "  grpc_management  127.0.0.1:1",
+        "  logs             /l",
+    ]
+    assert len({line.index(line.split()[1]) for line in lines}) == 1
+    assert labelled([]) == []
