@@ -3,7 +3,8 @@
 For a tiny 100→64→10 MLP in three forms (TorchScript, eager ``model.py`` + state dict, ONNX):
 
 * **register → READY**: ``POST /models?synchronous=true`` for a fresh copy, timed by the client
-  (archive extraction included);
+  (archive extraction included); a new version's first worker starts cold on either server (it
+  takes a spare only once a worker of that version has reported that it uses torch);
 * **crash → READY**: SIGKILL the worker, poll ``GET /models/NAME`` every 10 ms until a READY
   worker with another pid is there.
 
@@ -132,6 +133,12 @@ def wait_new_spare(lantern: LanternProcess, seen: set[str], spares: int) -> None
         time.sleep(0.05)
 
 
+def warm_starts(lantern: LanternProcess) -> int:
+    """How many workers the server has started from a warm spare so far."""
+    log = lantern.work / "logs" / "lantern.log"
+    return log.read_text(errors="replace").count("started from a warm spare") if log.exists() else 0
+
+
 def crash_to_ready(lantern: LanternProcess, model: str) -> float:
     (old,) = ready_pids(lantern, model)[:1]
     started = time.perf_counter()
@@ -190,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                     crash = crash_to_ready(lantern, kind)
                     wait_new_spare(lantern, seen, spares)
                     seen = logged_ready(lantern)
+                    taken = warm_starts(lantern)
                     reg = register_to_ready(lantern, kind, f"{kind}_copy")
-                    wait_new_spare(lantern, seen, spares)
+                    if warm_starts(lantern) > taken:  # a new version's first worker starts
+                        wait_new_spare(lantern, seen, spares)  # cold: it takes no spare
                     ready_before[spares] = True
                     slot = results.setdefault(key, {"crash": [], "register": []})
                     slot["crash"].append(crash)
