@@ -6,7 +6,6 @@ import concurrent.futures as cf
 import signal
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,14 +13,7 @@ import httpx
 import pytest
 
 from tests.support.server import HANDLERS, LanternServer, build_archive
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
+from tests.support.waiting import wait_for
 
 
 def address(url: str) -> tuple[str, int]:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.server import LanternServer, echo_archive, pid_alive
+from tests.support.waiting import wait_for_workers
 
 
 def post(base: str, path: str, body: str, timeout: float = 60) -> httpx.Response:
@@ -39,16 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
     srv.start()
     yield srv
     srv.stop()
-
-
-def wait_for_workers(server: LanternServer, model: str, count: int, timeout: float = 60) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = server.worker_pids(model)
-        if len(pids) == count:
-            return pids
-        time.sleep(0.1)
-    raise AssertionError(f"{model} did not get {count} ready workers")
 
 
 def test_sigkill_of_a_worker_under_load_loses_no_request(server: LanternServer) -> None:

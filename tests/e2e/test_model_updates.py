@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.server import LanternServer, build_archive
+from tests.support.waiting import wait_for
 
 COLD = 0.5  # seconds a cold batch size costs
 BATCH = 4
@@ -202,16 +202,6 @@ def first_of(answers: list[Answer], version: str, after: float = 0.0) -> Answer:
     )
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def status(api: httpx.Client, path: str) -> int:
     return api.get(path).status_code
 
@@ -230,7 +220,7 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
     api = httpx.Client(base_url=server.management, timeout=60)
     v2 = build_version(build, "upd", "2")
     v3 = build_version(build, "upd", "3", handler=BROKEN_HANDLER)
-    wait_until("version 1 serving", lambda: status(api, "/models/upd/1") == 200)
+    wait_for(lambda: status(api, "/models/upd/1") == 200, 120, "version 1 serving")
 
     with Load(f"{server.inference}/predictions/upd") as load:
         load.count(100)  # steady state on version 1
@@ -242,7 +232,7 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
         load.wait_for("a version 2 answer", lambda a: any(x.version == "2" for x in a), 120)
         switched = first_of(load.answers, "2")
         # ...and version 1 drains and stops (latest: 1 serves one version).
-        wait_until("version 1 unloaded", lambda: status(api, "/models/upd/1") == 404)
+        wait_for(lambda: status(api, "/models/upd/1") == 404, 120, "version 1 unloaded")
         load_seconds = metric(server, "serve_model_load_seconds", 'version="2"')
         # Every route that names the version reaches it.
         infer = httpx.post(f"{server.inference}/predictions/upd/2", json={"x": 1}, timeout=60)
@@ -256,9 +246,10 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
         # 2. A broken version is copied in: it fails its warm-up and never takes traffic.
         (store / "upd" / "3").mkdir()
         shutil.copy(v3, store / "upd" / "3" / "upd.mar")
-        failed = wait_until(
-            "version 3 reported failed",
+        failed = wait_for(
             lambda: api.get("/models/upd").json()[0].get("failedVersions"),
+            120,
+            "version 3 reported failed",
         )
         assert failed[0]["version"] == "3"
         assert "version 3 is broken" in failed[0]["error"]
@@ -274,7 +265,7 @@ def test_watched_store_swaps_under_load(server: LanternServer, root: Path) -> No
             lambda a: any(x.version == "1" and x.sent > removed for x in a),
             120,
         )
-        wait_until("version 2 unloaded", lambda: status(api, "/models/upd/2") == 404)
+        wait_for(lambda: status(api, "/models/upd/2") == 404, 120, "version 2 unloaded")
         load.wait_for("enough answers", lambda a: len(a) > ENOUGH, 120)
         answers = list(load.answers)
 
@@ -408,7 +399,7 @@ def test_flat_layout_with_a_per_model_policy(server: LanternServer, root: Path) 
     tmp = store / ".flat-1.mar.tmp"  # written under a hidden name, then renamed into place
     shutil.copy(build_version(root / "build", "flat", "1.0"), tmp)
     tmp.rename(store / "flat-1.mar")
-    wait_until("flat 1.0 registered", lambda: status(api, "/models/flat/1.0") == 200)
+    wait_for(lambda: status(api, "/models/flat/1.0") == 200, 120, "flat 1.0 registered")
     shutil.copy(build_version(root / "build", "flat", "2.0"), store / "flat-2.mar")
 
     def versions() -> tuple[str, list[str]]:
@@ -416,16 +407,16 @@ def test_flat_layout_with_a_per_model_policy(server: LanternServer, root: Path) 
         default = api.get("/models/flat").json()[0]["modelVersion"]
         return default, sorted(d["modelVersion"] for d in described)
 
-    wait_until("flat 2.0 the default", lambda: versions() == ("2.0", ["1.0", "2.0"]))
+    wait_for(lambda: versions() == ("2.0", ["1.0", "2.0"]), 120, "flat 2.0 the default")
     infer = httpx.Client(base_url=server.inference, timeout=60)
     assert infer.post("/predictions/flat/1.0", json={"x": 1}).json()["version"] == "1.0"
     assert infer.post("/predictions/flat", json={"x": 1}).json()["version"] == "2.0"
 
     (store / "flat-1.mar").unlink()  # its files gone: 1.0 drains and unloads, 2.0 stays
-    wait_until("flat 1.0 unloaded", lambda: status(api, "/models/flat/1.0") == 404)
+    wait_for(lambda: status(api, "/models/flat/1.0") == 404, 120, "flat 1.0 unloaded")
     assert versions() == ("2.0", ["2.0"])
     (store / "flat-2.mar").unlink()  # the last files gone: the model goes
-    wait_until("flat unregistered", lambda: status(api, "/models/flat") == 404)
+    wait_for(lambda: status(api, "/models/flat") == 404, 120, "flat unregistered")
     assert infer.post("/predictions/flat", json={"x": 1}).status_code == 404
     infer.close()
     api.close()

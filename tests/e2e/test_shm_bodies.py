@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,22 +17,12 @@ import pytest
 
 from tests.support.arena import arena_fds, arena_mappings, fd_count
 from tests.support.server import HANDLERS, LanternServer, build_archive
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 MiB = 1 << 20
 ARENA_MB = 20
 CONFIG = {"minWorkers": 1, "batchSize": 3}
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def body(size: int, seed: int) -> bytes:

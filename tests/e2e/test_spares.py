@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive, pid_alive
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 CORES = len(os.sched_getaffinity(0))
@@ -41,17 +40,6 @@ def ready_spares(server: LanternServer) -> list[int]:
         for pid in spares_of(server)
         if f"Spare worker ready (pid {pid}, preloaded: torch)" in log
     ]
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
+from tests.support.waiting import wait_for_workers
 
 LEAK_CAP_MB = 100
 
@@ -49,16 +50,6 @@ def duo_server(
     srv.start()
     yield srv
     srv.stop()
-
-
-def wait_for_workers(server: LanternServer, model: str, count: int, timeout: float = 60) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = server.worker_pids(model)
-        if len(pids) == count:
-            return pids
-        time.sleep(0.1)
-    raise AssertionError(f"{model} did not get {count} ready workers")
 
 
 def metric(server: LanternServer, name: str, **labels: str) -> float:

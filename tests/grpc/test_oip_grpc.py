@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -23,6 +24,7 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from tests.protocols import models
 from tests.support.grpc_stubs import generate
 from tests.support.server import LanternServer
+from tests.support.waiting import wait_for
 
 DATATYPES = ["INT32", "INT64", "FP32", "FP64", "BOOL", "UINT8", "BYTES", "FP16"]
 METADATA = {
@@ -48,7 +50,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     )
     srv.start()
     client = triton.InferenceServerClient(srv.grpc_inference)
-    _wait(lambda: client.is_model_ready("custom", "2.0"))  # not the default: /ping ignores it
+    # Not the default version: /ping ignores it.
+    wait_for(lambda: client.is_model_ready("custom", "2.0"), 60, "custom 2.0 ready")
     yield srv
     srv.stop()
 
@@ -58,13 +61,18 @@ def client(server: LanternServer) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(server.grpc_inference)
 
 
-def _wait(condition, timeout: float = 60.0) -> None:
-    import time
+def in_flight(server: LanternServer, model: str) -> float:
+    """``serve_requests_in_flight`` of ``model``: received and not yet answered."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.05)
+    text = httpx.get(f"{server.metrics}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "serve_requests_in_flight"
+        for sample in family.samples
+        if sample.labels.get("model") == model
+    )
 
 
 def _status(exc: InferenceServerException) -> str:
@@ -146,13 +154,18 @@ def test_concurrent_requests_batch_as_over_http(
         return rows, result.as_numpy("scaled")
 
     before = models.batch_stats(server.metrics, "custom")
-    with cf.ThreadPoolExecutor(12) as pool:
+    with cf.ThreadPoolExecutor(13) as pool:
+        # One request holds the worker (0.5 s) while the others arrive: they queue, and batch,
+        # however slowly a loaded machine lets them arrive.
+        hold = pool.submit(client.infer, "custom", [_x()], parameters={"hold_ms": 500})
+        wait_for(lambda: in_flight(server, "custom") >= 1, 30, "the holding request")
         answers = list(pool.map(call, [1 + i % 3 for i in range(36)]))
+        hold.result(timeout=60)
     for rows, scaled in answers:
         np.testing.assert_array_equal(scaled, np.arange(rows * 4).reshape(rows, 4) * 2)
     after = models.batch_stats(server.metrics, "custom")
     batches, requests = after[0] - before[0], after[1] - before[1]
-    assert requests == 36
+    assert requests == 37
     assert batches < requests, "no batch held more than one request"
 
 

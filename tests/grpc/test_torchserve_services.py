@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.grpc_stubs import bearer, generate
 from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
+from tests.support.waiting import wait_for
 
 MAX_REQUEST = 100_000
 
@@ -208,7 +208,7 @@ def test_grpc_and_http_requests_share_one_queue_and_batch(
     url = f"{server.inference}/predictions/echo"
     with cf.ThreadPoolExecutor(4) as pool:
         blocker = pool.submit(httpx.post, url, content=b"sleep 1", headers=http_headers, timeout=30)
-        _wait_for(lambda: _metric(server, "serve_requests_in_flight", "echo") >= 1)
+        wait_for(lambda: _metric(server, "serve_requests_in_flight", "echo") >= 1)
         calls = [inference.Predictions.future(predict(ts, "echo", b"g"), metadata=inf_md)]
         calls.append(inference.Predictions.future(predict(ts, "echo", b"g"), metadata=inf_md))
         http = pool.submit(httpx.post, url, content=b"h", headers=http_headers, timeout=30)
@@ -242,13 +242,13 @@ def test_expired_and_cancelled_calls_free_their_queue_slots(
         return _metric(server, "serve_queue_depth", "headers")
 
     busy = call(b"sleep 2")
-    _wait_for(lambda: _metric(server, "serve_requests_in_flight", "headers") == 1 and not depth())
+    wait_for(lambda: _metric(server, "serve_requests_in_flight", "headers") == 1 and not depth())
     first = call(b"first")
-    _wait_for(lambda: depth() == 1)
+    wait_for(lambda: depth() == 1)
     cancelled = call(b"cancelled")
-    _wait_for(lambda: depth() == 2)
+    wait_for(lambda: depth() == 2)
     cancelled.cancel()
-    _wait_for(lambda: depth() == 1)
+    wait_for(lambda: depth() == 1)
     # The queue holds [first, cancelled]: this one takes the cancelled call's slot, then expires.
     code, details = code_of(
         inference.Predictions, predict(ts, "headers", b"expires"), metadata=inf_md, timeout=0.3
@@ -423,7 +423,7 @@ def test_calls_are_in_the_access_log_with_the_protocol(
 ) -> None:
     md = (*inf_md, ("x-request-id", "logged-grpc-call"))
     inference.Predictions(predict(ts, "echo", b"x"), metadata=md)
-    _wait_for(lambda: "logged-grpc-call" in server.log_text("access_log.log"))
+    wait_for(lambda: "logged-grpc-call" in server.log_text("access_log.log"))
     line = next(
         line
         for line in server.log_text("access_log.log").splitlines()
@@ -442,14 +442,6 @@ def _metric(server: LanternServer, name: str, model: str) -> float:
         if line.startswith(f"{name}{{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def _wait_for(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.02)
 
 
 def test_stream_predictions_errors(inference: Any, ts: SimpleNamespace, inf_md) -> None:

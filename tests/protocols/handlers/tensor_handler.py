@@ -2,9 +2,14 @@
 
 OIP rows are ``{input name: numpy array}``; it answers ``scaled`` (x * factor, ``factor`` from
 model-config.yaml), x's ``dtype``, the ``batch`` size it was called with and the request's OIP
-``parameters``. KServe v1 rows are ``{"data": value}`` or named values; it answers a description
-of each row (types, lengths of bytes, the factor). Explain requests get the row's keys.
+``parameters``; an OIP parameter ``hold_ms`` makes it sleep that long first (a busy worker
+that requests queue behind). KServe v1 rows are ``{"data": value}`` or named values; it answers
+a description of each row (types, lengths of bytes, the factor). Explain requests get the row's
+keys.
 """
+
+import json
+import time
 
 import numpy as np
 
@@ -22,6 +27,7 @@ def handle(data, context):
             x = row["x"]
             x[...] = x  # the arrays are writable copies
             parameters = context.get_request_header(idx, "x-lantern-parameters") or "{}"
+            time.sleep(int(json.loads(parameters).get("hold_ms") or 0) / 1000)
             out.append(
                 {
                     "scaled": (x * factor).astype(np.float32),
