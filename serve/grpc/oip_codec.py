@@ -9,9 +9,11 @@ the protocol allows only raw). Problems raise ``BadRequest`` (INVALID_ARGUMENT).
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
+from google.protobuf import unknown_fields
 
 from serve.errors import BadRequest
 from serve.protocols.oip import InferRequest, RequestedOutput, classify
@@ -43,17 +45,30 @@ _CONTENTS = {
 
 
 def parameters(params: Any) -> dict[str, Any]:
-    """An ``InferParameter`` map as plain values (bool, int or str)."""
+    """An ``InferParameter`` map as plain values (bool, int, float or str)."""
     out: dict[str, Any] = {}
     for key, param in params.items():
         choice = param.WhichOneof("parameter_choice")
-        if choice is None:
+        value = getattr(param, choice) if choice is not None else _triton_only_value(param)
+        if value is None:
             raise BadRequest(f"parameter '{key}' has no value")
-        out[key] = getattr(param, choice)
+        out[key] = value
     for key in ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"):
         if key in out:
             raise BadRequest("shared memory is not supported by this server")
     return out
+
+
+def _triton_only_value(param: Any) -> float | int | None:
+    """Triton's ``double_param`` (4) or ``uint64_param`` (5), which the OIP protos that TorchServe
+    and KServe publish lack (tritonclient sends a Python float as ``double_param``): they arrive
+    as unknown fields."""
+    for field in unknown_fields.UnknownFieldSet(param):
+        if field.field_number == 4 and field.wire_type == 1:  # fixed64: an IEEE double
+            return float(struct.unpack("<d", struct.pack("<Q", field.data))[0])
+        if field.field_number == 5 and field.wire_type == 0:  # varint: an unsigned integer
+            return int(field.data)
+    return None
 
 
 def request_from_pb(request: Any) -> InferRequest:

@@ -238,3 +238,28 @@ def test_kserve_descriptor_matches_kserves_own_proto(tmp_path) -> None:
     assert [(m.name, m.input_type, m.output_type) for s in kserve.service for m in s.method] == [
         (m.name, m.input_type, m.output_type) for s in ours.service for m in s.method
     ]
+
+
+def test_tritons_double_and_uint64_parameters_are_read() -> None:
+    """tritonclient sends a float as Triton's double_param (field 4), which TorchServe's and
+    KServe's OIP protos lack: it is read from the unknown fields, as is uint64_param (5)."""
+    import struct
+
+    request = pb.ModelInferRequest(model_name="m")
+    double = bytes([4 << 3 | 1]) + struct.pack("<d", 0.25)
+    request.parameters["ratio"].MergeFromString(double)
+    request.parameters["count"].MergeFromString(bytes([5 << 3 | 0, 7]))
+    request.parameters["flag"].bool_param = True
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.contents.fp32_contents.append(1.0)
+    infer = request_from_pb(request)
+    assert infer.parameters == {"ratio": 0.25, "count": 7, "flag": True}
+
+
+def test_a_parameter_without_any_value_is_refused() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    request.parameters["empty"].SetInParent()
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.contents.fp32_contents.append(1.0)
+    with pytest.raises(BadRequest, match="'empty' has no value"):
+        request_from_pb(request)

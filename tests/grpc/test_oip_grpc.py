@@ -156,8 +156,9 @@ def test_concurrent_requests_batch_as_over_http(
     before = models.batch_stats(server.metrics, "custom")
     with cf.ThreadPoolExecutor(13) as pool:
         # One request holds the worker (0.5 s) while the others arrive: they queue, and batch,
-        # however slowly a loaded machine lets them arrive.
-        hold = pool.submit(client.infer, "custom", [_x()], parameters={"hold_ms": 500})
+        # however slowly a loaded machine lets them arrive. (tritonclient sends the float as
+        # Triton's double_param, which the OIP protos lack: read from the unknown fields.)
+        hold = pool.submit(client.infer, "custom", [_x()], parameters={"hold_seconds": 0.5})
         wait_for(lambda: in_flight(server, "custom") >= 1, 30, "the holding request")
         answers = list(pool.map(call, [1 + i % 3 for i in range(36)]))
         hold.result(timeout=60)

@@ -2,7 +2,7 @@
 
 OIP rows are ``{input name: numpy array}``; it answers ``scaled`` (x * factor, ``factor`` from
 model-config.yaml), x's ``dtype``, the ``batch`` size it was called with and the request's OIP
-``parameters``; an OIP parameter ``hold_ms`` makes it sleep that long first (a busy worker
+``parameters``; an OIP parameter ``hold_seconds`` makes it sleep that long first (a busy worker
 that requests queue behind). KServe v1 rows are ``{"data": value}`` or named values; it answers
 a description of each row (types, lengths of bytes, the factor). Explain requests get the row's
 keys.
@@ -27,7 +27,7 @@ def handle(data, context):
             x = row["x"]
             x[...] = x  # the arrays are writable copies
             parameters = context.get_request_header(idx, "x-lantern-parameters") or "{}"
-            time.sleep(int(json.loads(parameters).get("hold_ms") or 0) / 1000)
+            time.sleep(float(json.loads(parameters).get("hold_seconds") or 0))
             out.append(
                 {
                     "scaled": (x * factor).astype(np.float32),
