@@ -43,6 +43,7 @@ from bench.server import LanternProcess
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
 BEFORE_S = 4.0
+TARGET = 4  # workers to scale to (--workers)
 AFTER_S = 3.0
 SETUPS: dict[str, dict[str, Any]] = {
     "before": {"warmup": False, "nice": 0, "spares": 1},
@@ -152,12 +153,12 @@ def worst_window(
 def _poll_ready(
     lantern: LanternProcess, model: str, seen: dict[int, float], done: threading.Event, end: float
 ) -> None:
-    """Until ``end``: each READY worker's pid when first seen (and -1: when four were)."""
+    """Until ``end``: each READY worker's pid when first seen (and -1: when all were)."""
     while time.monotonic() < end:
         pids = ready_pids(lantern, model)
         for pid in pids:
             seen.setdefault(pid, time.monotonic())
-        if len(pids) >= 4 and not done.is_set():
+        if len(pids) >= TARGET and not done.is_set():
             seen[-1] = time.monotonic()
             done.set()
         time.sleep(0.05)
@@ -200,7 +201,8 @@ def trial(
         spares_before = logged_ready(lantern)
         put = time.monotonic()
         threading.Thread(
-            target=_request, args=("PUT", f"{api}/models/{model}?min_worker=4&synchronous=false")
+            target=_request,
+            args=("PUT", f"{api}/models/{model}?min_worker={TARGET}&synchronous=false"),
         ).start()
         all_ready.wait(timeout=seconds - BEFORE_S - AFTER_S)
         ready = seen.get(-1) if all_ready.is_set() else None
@@ -267,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--dump", type=Path, help="save each trial's timeline and events here")
     parser.add_argument("--base", type=Path, help="the other tree, for the 'base' setup")
+    parser.add_argument("--workers", type=int, default=4, help="workers to scale to (from 1)")
     args = parser.parse_args(argv)
+    global TARGET
+    TARGET = args.workers
     store, body = build_archives(args.work)
     setups = [s for s in args.setups.split(",") if s]
     servers: dict[str, LanternProcess] = {}
