@@ -298,13 +298,9 @@ class _Settings:
         return self.addresses[call.port].rstrip("/") + call.path
 
 
-class Client:
-    """Blocking client. ``protocol`` picks HTTP (default) or gRPC for every call.
-
-    ``inference``/``management``: the base URLs (HTTP) or ``host:port`` (gRPC), TorchServe's
-    default ports when omitted. ``token``/``management_token``: the keys from ``key_file.json``.
-    ``timeout``: seconds per call (the gRPC deadline, or the HTTP timeout).
-    """
+class _Base:
+    """What both clients share: their settings, their connections, and how an operation becomes
+    a gRPC call or an HTTP request (the two subclasses only carry them out, blocking or not)."""
 
     def __init__(
         self,
@@ -327,6 +323,61 @@ class Client:
         self._http: Any = None
         self._channels: dict[str, Any] = {}
 
+    def _channel(self, port: str) -> Any:
+        raise NotImplementedError
+
+    def _rpc_call(self, rpc: _Rpc, *, stream: bool = False) -> Any:
+        """The channel's callable for ``rpc`` (``StreamPredictions`` for a stream)."""
+        channel = self._channel(rpc.port)
+        make, method = channel.unary_unary, rpc.method
+        if stream:
+            make = channel.unary_stream
+            method = method.replace("/Predictions", "/StreamPredictions")
+        return make(
+            method,
+            request_serializer=type(rpc.request).SerializeToString,
+            response_deserializer=rpc.response.FromString,
+        )
+
+    def _http_args(self, http: _Http) -> dict[str, Any]:
+        """The keyword arguments of ``httpx``'s ``request``/``stream`` for ``http``."""
+        return {
+            "method": http.method,
+            "url": self._s.url(http),
+            "params": http.params,
+            "content": http.content,
+            "files": http.files,
+            "headers": self._s.http_headers(http),
+        }
+
+
+def _describe_op(model: str, version: str | None, customized: bool) -> _Op:
+    return _management_op(
+        "describe", model_name=model, model_version=version, customized=customized
+    )
+
+
+def _scale_op(
+    model: str, min_worker: int, max_worker: int | None, version: str | None, synchronous: bool
+) -> _Op:
+    return _management_op(
+        "scale",
+        model_name=model,
+        model_version=version,
+        min_worker=min_worker,
+        max_worker=max_worker or 0,
+        synchronous=synchronous,
+    )
+
+
+class Client(_Base):
+    """Blocking client. ``protocol`` picks HTTP (default) or gRPC for every call.
+
+    ``inference``/``management``: the base URLs (HTTP) or ``host:port`` (gRPC), TorchServe's
+    default ports when omitted. ``token``/``management_token``: the keys from ``key_file.json``.
+    ``timeout``: seconds per call (the gRPC deadline, or the HTTP timeout).
+    """
+
     # ----- inference -------------------------------------------------------------------------
 
     def predict(self, model: str, data: Data, *, version: str | None = None) -> bytes:
@@ -337,24 +388,14 @@ class Client:
         """A streaming handler's responses, each as it arrives."""
         op = _predict_op(model, version, data)
         if self._s.protocol == "grpc":
-            rpc = op.rpc
-            call = self._channel(rpc.port).unary_stream(
-                rpc.method.replace("/Predictions", "/StreamPredictions"),
-                request_serializer=type(rpc.request).SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
+            call = self._rpc_call(op.rpc, stream=True)
             try:
-                for message in call(rpc.request, metadata=self._s.metadata(rpc.port)):
+                for message in call(op.rpc.request, metadata=self._s.metadata(op.rpc.port)):
                     yield message.prediction
             except Exception as exc:
                 raise self._maybe_rpc_error(exc) from exc
             return
-        http = op.http
-        client = self._http_client()
-        with client.stream(
-            http.method, self._s.url(http), content=http.content, files=http.files,
-            headers=self._s.http_headers(http),
-        ) as response:  # fmt: skip
+        with self._http_client().stream(**self._http_args(op.http)) as response:
             if response.status_code >= 400:
                 response.read()
                 raise _http_error(response)
@@ -379,10 +420,7 @@ class Client:
     def describe(
         self, model: str, *, version: str | None = None, customized: bool = False
     ) -> list[dict[str, Any]]:
-        op = _management_op(
-            "describe", model_name=model, model_version=version, customized=customized
-        )
-        return self._run(op)
+        return self._run(_describe_op(model, version, customized))
 
     def register(self, url: str, **params: Any) -> str:
         """Register an archive; ``params`` are TorchServe's (``model_name``, ``initial_workers``,
@@ -398,15 +436,7 @@ class Client:
         version: str | None = None,
         synchronous: bool = True,
     ) -> str:
-        op = _management_op(
-            "scale",
-            model_name=model,
-            model_version=version,
-            min_worker=min_worker,
-            max_worker=max_worker or 0,
-            synchronous=synchronous,
-        )
-        return self._run(op)
+        return self._run(_scale_op(model, min_worker, max_worker, version, synchronous))
 
     def set_default(self, model: str, version: str) -> str:
         return self._run(_management_op("set_default", model_name=model, model_version=version))
@@ -419,27 +449,14 @@ class Client:
     def _run(self, op: _Op) -> Any:
         if self._s.protocol == "grpc":
             rpc = op.rpc
-            call = self._channel(rpc.port).unary_unary(
-                rpc.method,
-                request_serializer=type(rpc.request).SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
             try:
-                message = call(
+                message = self._rpc_call(rpc)(
                     rpc.request, metadata=self._s.metadata(rpc.port), timeout=self._s.timeout
                 )
             except Exception as exc:
                 raise self._maybe_rpc_error(exc) from exc
             return op.parse_rpc(message)
-        http = op.http
-        response = self._http_client().request(
-            http.method,
-            self._s.url(http),
-            params=http.params,
-            content=http.content,
-            files=http.files,
-            headers=self._s.http_headers(http),
-        )
+        response = self._http_client().request(**self._http_args(op.http))
         if response.status_code >= 400:
             raise _http_error(response)
         return op.parse_http(response)
@@ -478,29 +495,8 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_Base):
     """`Client`'s methods as coroutines, on ``httpx.AsyncClient`` or ``grpc.aio`` channels."""
-
-    def __init__(
-        self,
-        *,
-        protocol: Protocol = "http",
-        inference: str | None = None,
-        management: str | None = None,
-        token: str | None = None,
-        management_token: str | None = None,
-        timeout: float | None = 60.0,
-    ) -> None:
-        self._s = _Settings(
-            protocol=protocol,
-            inference=inference,
-            management=management,
-            token=token,
-            management_token=management_token,
-            timeout=timeout,
-        )
-        self._http: Any = None
-        self._channels: dict[str, Any] = {}
 
     async def predict(self, model: str, data: Data, *, version: str | None = None) -> bytes:
         return await self._run(_predict_op(model, version, data))
@@ -512,23 +508,14 @@ class AsyncClient:
         if self._s.protocol == "grpc":
             import grpc
 
-            rpc = op.rpc
-            call = self._channel(rpc.port).unary_stream(
-                rpc.method.replace("/Predictions", "/StreamPredictions"),
-                request_serializer=type(rpc.request).SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
+            call = self._rpc_call(op.rpc, stream=True)
             try:
-                async for message in call(rpc.request, metadata=self._s.metadata(rpc.port)):
+                async for message in call(op.rpc.request, metadata=self._s.metadata(op.rpc.port)):
                     yield message.prediction
             except grpc.RpcError as exc:
                 raise _rpc_error(exc) from exc
             return
-        http = op.http
-        async with self._http_client().stream(
-            http.method, self._s.url(http), content=http.content, files=http.files,
-            headers=self._s.http_headers(http),
-        ) as response:  # fmt: skip
+        async with self._http_client().stream(**self._http_args(op.http)) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise _http_error(response)
@@ -551,10 +538,7 @@ class AsyncClient:
     async def describe(
         self, model: str, *, version: str | None = None, customized: bool = False
     ) -> list[dict[str, Any]]:
-        op = _management_op(
-            "describe", model_name=model, model_version=version, customized=customized
-        )
-        return await self._run(op)
+        return await self._run(_describe_op(model, version, customized))
 
     async def register(self, url: str, **params: Any) -> str:
         return await self._run(_management_op("register", url=url, **params))
@@ -568,15 +552,7 @@ class AsyncClient:
         version: str | None = None,
         synchronous: bool = True,
     ) -> str:
-        op = _management_op(
-            "scale",
-            model_name=model,
-            model_version=version,
-            min_worker=min_worker,
-            max_worker=max_worker or 0,
-            synchronous=synchronous,
-        )
-        return await self._run(op)
+        return await self._run(_scale_op(model, min_worker, max_worker, version, synchronous))
 
     async def set_default(self, model: str, version: str) -> str:
         op = _management_op("set_default", model_name=model, model_version=version)
@@ -591,27 +567,14 @@ class AsyncClient:
             import grpc
 
             rpc = op.rpc
-            call = self._channel(rpc.port).unary_unary(
-                rpc.method,
-                request_serializer=type(rpc.request).SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
             try:
-                message = await call(
+                message = await self._rpc_call(rpc)(
                     rpc.request, metadata=self._s.metadata(rpc.port), timeout=self._s.timeout
                 )
             except grpc.RpcError as exc:
                 raise _rpc_error(exc) from exc
             return op.parse_rpc(message)
-        http = op.http
-        response = await self._http_client().request(
-            http.method,
-            self._s.url(http),
-            params=http.params,
-            content=http.content,
-            files=http.files,
-            headers=self._s.http_headers(http),
-        )
+        response = await self._http_client().request(**self._http_args(op.http))
         if response.status_code >= 400:
             raise _http_error(response)
         return op.parse_http(response)
