@@ -7,43 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from archiver import build, open_archive
 from serve.errors import WorkerDied
 from serve.jobs import BatchItem, WorkerState
 from serve.worker.process import SOCKET_PATH_MAX, WorkerProcess, WorkerStartFailed
 from tests.support.server import HANDLERS
-
-
-def spec_for(tmp_path: Path, name: str) -> dict:
-    folder = build(
-        model_name=name,
-        version="1.0",
-        handler=str(HANDLERS / "hangup_handler.py"),
-        export_path=str(tmp_path),
-        archive_format="no-archive",
-        force=True,
-    )
-    archive = open_archive(folder, tmp_path / "unused")
-    return {
-        "model_name": name,
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": 1,
-        "gpu_id": None,
-        "num_threads": 1,
-        "cpu_affinity": None,
-        "model_yaml_config": {},
-        "log_level": "INFO",
-    }
+from tests.support.worker_spec import worker_spec
 
 
 def test_a_closed_socket_takes_the_worker_out_of_service_before_its_exit_is_seen(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        proc = WorkerProcess("hangup_1.0-w0", spec_for(tmp_path, "hangup"), tmp_path)
+        proc = WorkerProcess(
+            "hangup_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "hangup_handler.py", name="hangup"),
+            tmp_path,
+        )
         await proc.start(60)
         try:
             ok = await proc.run_batch([BatchItem("r0", {}, [("body", "text/plain", b"fine")])])
@@ -66,7 +45,11 @@ def test_a_closed_socket_takes_the_worker_out_of_service_before_its_exit_is_seen
 def test_the_socket_path_does_not_grow_with_the_model_name(tmp_path: Path) -> None:
     async def scenario() -> None:
         name = "n" * 200
-        proc = WorkerProcess(f"{name}_1.0-w0", spec_for(tmp_path, name), tmp_path)
+        proc = WorkerProcess(
+            f"{name}_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "hangup_handler.py", name=name),
+            tmp_path,
+        )
         assert name not in str(proc.socket_path)
         await proc.start(60)
         try:
@@ -82,7 +65,9 @@ def test_a_work_dir_too_long_for_a_socket_is_a_clear_start_failure(tmp_path: Pat
     deep.mkdir()
 
     async def scenario() -> None:
-        proc = WorkerProcess("w_1.0-w0", spec_for(tmp_path, "w"), deep)
+        proc = WorkerProcess(
+            "w_1.0-w0", worker_spec(tmp_path, HANDLERS / "hangup_handler.py", name="w"), deep
+        )
         with pytest.raises(WorkerStartFailed, match="set a shorter work_dir"):
             await proc.start(60)
         assert proc.pid is None  # nothing was spawned

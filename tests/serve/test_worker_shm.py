@@ -10,39 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from archiver import build, open_archive
 from serve.errors import WorkerDied
 from serve.jobs import BatchItem, BatchOutcome, ItemResult
 from serve.worker.process import WorkerProcess
 from tests.support.arena import arena_fds, arena_mappings
 from tests.support.server import HANDLERS
+from tests.support.worker_spec import worker_spec
 
 MiB = 1 << 20
-
-
-def spec_for(tmp_path: Path, handler: str) -> dict:
-    folder = build(
-        model_name="m",
-        version="1.0",
-        handler=str(HANDLERS / handler),
-        export_path=str(tmp_path),
-        archive_format="no-archive",
-        force=True,
-    )
-    archive = open_archive(folder, tmp_path / "unused")
-    return {
-        "model_name": "m",
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": 8,
-        "gpu_id": None,
-        "num_threads": 1,
-        "cpu_affinity": None,
-        "model_yaml_config": {},
-        "log_level": "INFO",
-    }
 
 
 def body(size: int, seed: int) -> bytes:
@@ -68,7 +43,10 @@ def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
 
     async def scenario() -> None:
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=16 * MiB
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=16 * MiB,
         )
         await proc.start(60)
         try:
@@ -104,7 +82,10 @@ def test_bodies_that_do_not_fit_go_inline(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=4 * MiB
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=4 * MiB,
         )
         await proc.start(60)
         try:
@@ -121,7 +102,10 @@ def test_bodies_that_do_not_fit_go_inline(tmp_path: Path) -> None:
 def test_without_an_arena_every_body_goes_inline(tmp_path: Path) -> None:
     async def scenario() -> None:
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=0
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=0,
         )
         await proc.start(60)
         try:
@@ -139,7 +123,10 @@ def test_a_worker_whose_arena_cannot_be_created_starts_and_goes_inline(tmp_path:
     async def scenario() -> None:
         # 4 EiB: the frontend cannot map that much (any failure creating it: no arena).
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=1 << 62
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=1 << 62,
         )
         await proc.start(60)
         try:
@@ -158,7 +145,10 @@ def test_a_streamed_batch_keeps_its_space_until_the_final_result(tmp_path: Path)
 
     async def scenario() -> None:
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "stream_handler.py"), tmp_path, arena_bytes=4 * MiB
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "stream_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=4 * MiB,
         )
         await proc.start(60)
         try:
@@ -182,7 +172,10 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
 
     async def scenario() -> None:
         proc = WorkerProcess(
-            "m_1.0-w0", spec_for(tmp_path, "digest_handler.py"), tmp_path, arena_bytes=4 * MiB
+            "m_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
+            tmp_path,
+            arena_bytes=4 * MiB,
         )
         await proc.start(60)
         try:
