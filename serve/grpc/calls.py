@@ -10,6 +10,7 @@ the server metrics, as the HTTP access log does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -103,45 +104,39 @@ class Methods:
     def unary(self, method: str, fn: Callable[[Call, Any], Awaitable[Any]]) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _start(context, method)
-            code = "OK"
-            try:
-                self._authorize(call)
+            async with self._answered(call):
                 return await fn(call, request)
-            except ServeError as err:
-                code = grpc_code_for(err)
-                await self._abort(call, err)
-            except asyncio.CancelledError:
-                code, call.http_status = "CANCELLED", 499
-                raise
-            except Exception:
-                code = "INTERNAL"
-                await self._abort(call, self._unexpected(call))
-            finally:
-                self._done(call, code)
 
         return handler
 
     def server_stream(self, method: str, fn: Callable[[Call, Any], AsyncIterator[Any]]) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = _start(context, method)
-            code = "OK"
-            try:
-                self._authorize(call)
+            async with self._answered(call):
                 async for response in fn(call, request):
                     yield response
-            except ServeError as err:
-                code = grpc_code_for(err)
-                await self._abort(call, err)
-            except asyncio.CancelledError:
-                code, call.http_status = "CANCELLED", 499
-                raise
-            except Exception:
-                code = "INTERNAL"
-                await self._abort(call, self._unexpected(call))
-            finally:
-                self._done(call, code)
 
         return handler
+
+    @contextlib.asynccontextmanager
+    async def _answered(self, call: Call) -> AsyncIterator[None]:
+        """Around a method's body: authorise the call, end a failure with its gRPC status, and
+        log and count the call once, however it ends."""
+        code = "OK"
+        try:
+            self._authorize(call)
+            yield
+        except ServeError as err:
+            code = grpc_code_for(err)
+            await self._abort(call, err)
+        except asyncio.CancelledError:
+            code, call.http_status = "CANCELLED", 499
+            raise
+        except Exception:
+            code = "INTERNAL"
+            await self._abort(call, self._unexpected(call))
+        finally:
+            self._done(call, code)
 
     def stream_stream(
         self, method: str, fn: Callable[[Call, AsyncIterator[Any]], AsyncIterator[Any]]
