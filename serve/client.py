@@ -176,6 +176,12 @@ def _msg_json(message: Any) -> Any:
     return json.loads(message.msg)
 
 
+def _status_op(http: _Http, rpc: _Rpc) -> _Op:
+    """A management call whose answer is a status message (register, scale, set-default,
+    unregister)."""
+    return _Op(http, rpc, _status_text, lambda m: m.msg)
+
+
 def _management_op(kind: str, **args: Any) -> _Op:
     """The six management calls; ``args`` are TorchServe's parameter names."""
     from serve.grpc.gen import management_pb2 as pb
@@ -205,11 +211,9 @@ def _management_op(kind: str, **args: Any) -> _Op:
     if kind == "register":
         params = {k: v for k, v in args.items() if v not in (None, "")}
         http_params = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()}
-        return _Op(
+        return _status_op(
             _Http("management", "POST", "/models", params=http_params),
             rpc("RegisterModel", pb.RegisterModelRequest(**params)),
-            _status_text,
-            lambda m: m.msg,
         )
     if kind == "scale":
         http_params = {
@@ -218,25 +222,19 @@ def _management_op(kind: str, **args: Any) -> _Op:
         }
         if args.get("max_worker"):
             http_params["max_worker"] = args["max_worker"]
-        return _Op(
+        return _status_op(
             _Http("management", "PUT", f"/models{suffix}", params=http_params),
             rpc("ScaleWorker", pb.ScaleWorkerRequest(**args)),
-            _status_text,
-            lambda m: m.msg,
         )
     if kind == "set_default":
-        return _Op(
+        return _status_op(
             _Http("management", "PUT", f"/models{suffix}/set-default"),
             rpc("SetDefault", pb.SetDefaultRequest(**args)),
-            _status_text,
-            lambda m: m.msg,
         )
     if kind == "unregister":
-        return _Op(
+        return _status_op(
             _Http("management", "DELETE", f"/models{suffix}"),
             rpc("UnregisterModel", pb.UnregisterModelRequest(**args)),
-            _status_text,
-            lambda m: m.msg,
         )
     raise ValueError(kind)
 
