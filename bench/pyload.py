@@ -89,7 +89,8 @@ async def _connection(
         writer.close()
 
 
-def _percentile(ordered: list[float], pct: float) -> float:
+def percentile(ordered: list[float], pct: float) -> float:
+    """The ``pct`` percentile of sorted values (nearest rank); 0.0 when there are none."""
     if not ordered:
         return 0.0
     index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
@@ -123,9 +124,9 @@ async def run(
         "requests": len(ordered),
         "duration_us": elapsed * us,
         **stats.errors,
-        "p50_us": _percentile(ordered, 50) * us,
-        "p90_us": _percentile(ordered, 90) * us,
-        "p99_us": _percentile(ordered, 99) * us,
+        "p50_us": percentile(ordered, 50) * us,
+        "p90_us": percentile(ordered, 90) * us,
+        "p99_us": percentile(ordered, 99) * us,
         "mean_us": (sum(ordered) / len(ordered) * us) if ordered else 0.0,
         "max_us": (ordered[-1] * us) if ordered else 0.0,
     }

@@ -37,13 +37,13 @@ import yaml
 
 from archiver import build
 from bench.models import ModelFactory
+from bench.pyload import percentile
 from bench.recovery import _request, logged_ready, ready_pids, wait_new_spare
 from bench.server import LanternProcess
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
 BEFORE_S = 4.0
-TARGET = 4  # workers to scale to (--workers)
 AFTER_S = 3.0
 SETUPS: dict[str, dict[str, Any]] = {
     "before": {"warmup": False, "nice": 0, "spares": 1},
@@ -113,9 +113,8 @@ class Trial:
 
 
 def _percentile(ordered: list[float], pct: float) -> float:
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
+    """`bench.pyload.percentile`, but NaN for an empty window (0.0 would read as a figure)."""
+    return percentile(ordered, pct) if ordered else float("nan")
 
 
 def windows(
@@ -151,14 +150,19 @@ def worst_window(
 
 
 def _poll_ready(
-    lantern: LanternProcess, model: str, seen: dict[int, float], done: threading.Event, end: float
+    lantern: LanternProcess,
+    model: str,
+    workers: int,
+    seen: dict[int, float],
+    done: threading.Event,
+    end: float,
 ) -> None:
-    """Until ``end``: each READY worker's pid when first seen (and -1: when all were)."""
+    """Until ``end``: each READY worker's pid when first seen (and -1: when ``workers`` were)."""
     while time.monotonic() < end:
         pids = ready_pids(lantern, model)
         for pid in pids:
             seen.setdefault(pid, time.monotonic())
-        if len(pids) >= TARGET and not done.is_set():
+        if len(pids) >= workers and not done.is_set():
             seen[-1] = time.monotonic()
             done.set()
         time.sleep(0.05)
@@ -170,6 +174,7 @@ def trial(
     model: str,
     body: Path,
     spares: int,
+    workers: int = 4,
     dump: Path | None = None,
 ) -> Trial:
     api = lantern.addresses["management"]
@@ -194,7 +199,7 @@ def trial(
         all_ready = threading.Event()
         put = start + BEFORE_S
         poller = threading.Thread(
-            target=_poll_ready, args=(lantern, model, seen, all_ready, start + seconds)
+            target=_poll_ready, args=(lantern, model, workers, seen, all_ready, start + seconds)
         )
         poller.start()
         time.sleep(max(0.0, put - time.monotonic()))
@@ -202,7 +207,7 @@ def trial(
         put = time.monotonic()
         threading.Thread(
             target=_request,
-            args=("PUT", f"{api}/models/{model}?min_worker={TARGET}&synchronous=false"),
+            args=("PUT", f"{api}/models/{model}?min_worker={workers}&synchronous=false"),
         ).start()
         all_ready.wait(timeout=seconds - BEFORE_S - AFTER_S)
         ready = seen.get(-1) if all_ready.is_set() else None
@@ -271,8 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, help="the other tree, for the 'base' setup")
     parser.add_argument("--workers", type=int, default=4, help="workers to scale to (from 1)")
     args = parser.parse_args(argv)
-    global TARGET
-    TARGET = args.workers
     store, body = build_archives(args.work)
     setups = [s for s in args.setups.split(",") if s]
     servers: dict[str, LanternProcess] = {}
@@ -307,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in setups:
                 setup = SETUPS[name]
                 model = "tiny_warm" if setup["warmup"] else "tiny_cold"
-                result = trial(servers[name], name, model, body, setup["spares"], args.dump)
+                result = trial(
+                    servers[name], name, model, body, setup["spares"], args.workers, args.dump
+                )
                 trials.append(result)
                 _log(
                     f"{name} #{rep + 1}: p99 {result.p99['before']:.2f} -> "
