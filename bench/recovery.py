@@ -116,11 +116,15 @@ def ready_pids(lantern: LanternProcess, model: str) -> list[int]:
     return [w["pid"] for w in json.loads(body)[0]["workers"] if w["status"] == "READY"]
 
 
+def server_log(lantern: LanternProcess) -> str:
+    """The server log so far ("" before it exists)."""
+    log = lantern.work / "logs" / "lantern.log"
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
 def logged_ready(lantern: LanternProcess) -> set[str]:
     """Pids of the spares the server has logged ready so far."""
-    log = lantern.work / "logs" / "lantern.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return set(re.findall(r"Spare worker ready \(pid (\d+)", text))
+    return set(re.findall(r"Spare worker ready \(pid (\d+)", server_log(lantern)))
 
 
 def wait_new_spare(lantern: LanternProcess, seen: set[str], spares: int) -> None:
@@ -135,8 +139,7 @@ def wait_new_spare(lantern: LanternProcess, seen: set[str], spares: int) -> None
 
 def warm_starts(lantern: LanternProcess) -> int:
     """How many workers the server has started from a warm spare so far."""
-    log = lantern.work / "logs" / "lantern.log"
-    return log.read_text(errors="replace").count("started from a warm spare") if log.exists() else 0
+    return server_log(lantern).count("started from a warm spare")
 
 
 def crash_to_ready(lantern: LanternProcess, model: str) -> float:
