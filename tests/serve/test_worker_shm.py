@@ -4,8 +4,10 @@ bodies go through the arena, that they arrive intact, and when its space and mem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,24 @@ def items(*bodies: bytes) -> list[BatchItem]:
     ]
 
 
+@contextlib.asynccontextmanager
+async def running(
+    tmp_path: Path, arena_bytes: int, handler: str = "digest_handler.py", grace: float = 5
+) -> AsyncIterator[WorkerProcess]:
+    """A started worker of ``handler`` with an arena of ``arena_bytes``, stopped afterwards."""
+    proc = WorkerProcess(
+        "m_1.0-w0",
+        worker_spec(tmp_path, HANDLERS / handler, batch_size=8),
+        tmp_path,
+        arena_bytes=arena_bytes,
+    )
+    await proc.start(60)
+    try:
+        yield proc
+    finally:
+        await proc.stop(grace)
+
+
 def answers(outcome: BatchOutcome) -> list[dict]:
     assert all(isinstance(r, ItemResult) for r in outcome.results), outcome.results
     return [json.loads(r.body) for r in outcome.results]
@@ -42,14 +62,7 @@ def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
     bodies = [body(MiB, 1), b"small", body(8 * MiB, 2), body(64 << 10, 3), body((64 << 10) - 1, 4)]
 
     async def scenario() -> None:
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=16 * MiB,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 16 * MiB) as proc:
             assert proc.arena is not None
             assert proc.arena.fd is None  # sent to the worker, closed here
             assert arena_fds() == 1  # the mapping's own descriptor, one per live worker
@@ -69,8 +82,6 @@ def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
             again = answers(await proc.run_batch(items(body(8 * MiB, 5))))
             assert again[0]["sha256"] == hashlib.sha256(body(8 * MiB, 5)).hexdigest()
             assert arena_mappings() == [(perms, resident)]
-        finally:
-            await proc.stop(5)
         assert proc.arena is None
         assert arena_fds() == 0 and arena_mappings() == []
 
@@ -81,40 +92,22 @@ def test_bodies_that_do_not_fit_go_inline(tmp_path: Path) -> None:
     bodies = [body(3 * MiB, 1), body(3 * MiB, 2), body(8 * MiB, 3)]
 
     async def scenario() -> None:
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=4 * MiB,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 4 * MiB) as proc:
             got = answers(await proc.run_batch(items(*bodies)))
             assert [a["sha256"] for a in got] == [hashlib.sha256(b).hexdigest() for b in bodies]
             assert (proc.arena.placed, proc.arena.inline) == (1, 2)  # the first 3 MiB fitted
             assert proc.arena.allocator.in_use == 0
-        finally:
-            await proc.stop(5)
 
     asyncio.run(scenario())
 
 
 def test_without_an_arena_every_body_goes_inline(tmp_path: Path) -> None:
     async def scenario() -> None:
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=0,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 0) as proc:
             assert proc.arena is None and arena_fds() == 0
             (got,) = answers(await proc.run_batch(items(body(2 * MiB, 1))))
             assert got["sha256"] == hashlib.sha256(body(2 * MiB, 1)).hexdigest()
             assert got["arena"] is None  # the worker maps nothing
-        finally:
-            await proc.stop(5)
 
     asyncio.run(scenario())
 
@@ -122,20 +115,11 @@ def test_without_an_arena_every_body_goes_inline(tmp_path: Path) -> None:
 def test_a_worker_whose_arena_cannot_be_created_starts_and_goes_inline(tmp_path: Path) -> None:
     async def scenario() -> None:
         # 4 EiB: the frontend cannot map that much (any failure creating it: no arena).
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=1 << 62,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 1 << 62) as proc:
             assert proc.arena is None and arena_fds() == 0
             (got,) = answers(await proc.run_batch(items(body(2 * MiB, 1))))
             assert got["sha256"] == hashlib.sha256(body(2 * MiB, 1)).hexdigest()
             assert got["arena"] is None
-        finally:
-            await proc.stop(5)
 
     asyncio.run(scenario())
 
@@ -144,14 +128,7 @@ def test_a_streamed_batch_keeps_its_space_until_the_final_result(tmp_path: Path)
     held_during_partials: list[int] = []
 
     async def scenario() -> None:
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "stream_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=4 * MiB,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 4 * MiB, handler="stream_handler.py") as proc:
             assert proc.arena is not None
             outcome = await proc.run_batch(
                 items(body(MiB, 1)),
@@ -160,8 +137,6 @@ def test_a_streamed_batch_keeps_its_space_until_the_final_result(tmp_path: Path)
             assert outcome.results[0].body == b"done"
             assert held_during_partials == [MiB] * 3
             assert proc.arena.allocator.in_use == 0
-        finally:
-            await proc.stop(5)
 
     asyncio.run(scenario())
 
@@ -171,14 +146,7 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
     held = f"wait:{gate}\n".encode() + body(2 * MiB, 1)
 
     async def scenario() -> None:
-        proc = WorkerProcess(
-            "m_1.0-w0",
-            worker_spec(tmp_path, HANDLERS / "digest_handler.py", batch_size=8),
-            tmp_path,
-            arena_bytes=4 * MiB,
-        )
-        await proc.start(60)
-        try:
+        async with running(tmp_path, 4 * MiB, grace=1) as proc:
             arena = proc.arena
             assert arena is not None
             batch = asyncio.create_task(proc.run_batch(items(held)))
@@ -191,7 +159,5 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
                 await asyncio.wait_for(batch, 30)
             assert proc.arena is None and arena.closed
             assert arena_fds() == 0  # the worker is gone, and so is every descriptor of it
-        finally:
-            await proc.stop(1)
 
     asyncio.run(scenario())
