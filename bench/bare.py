@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from serve.http_server import bind_socket, run_servers
+from serve.http.servers import bind_socket, run_servers
 
 _BODY = b'{"ok": true}\n'
 _HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]
@@ -51,9 +51,9 @@ def main() -> None:
     parser.add_argument("--port-file", type=Path, required=True)
     args = parser.parse_args()
     # The event loop `serve start` runs on (uvloop when installed): the ceiling must share it.
-    from serve.cli import _event_loop_runner
+    from serve.cli.foreground import event_loop_runner
 
-    _event_loop_runner()(serve(args.server, args.port_file))
+    event_loop_runner()(serve(args.server, args.port_file))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Where Open Inference Protocol JSON decoding should run: inline or on the decode thread.
 
-``python -m bench.decode`` times `serve.protocols.oip.parse_request` inline and through
-`serve.offload`'s thread for bodies of growing size, and the event loop's longest pause while two
-large BYTES bodies are decoded on the thread. `serve.offload.INLINE_MAX` is set from this.
+``python -m bench.decode`` times `serve.wire.oip.parse_request` inline and through
+`serve.core.offload`'s thread for bodies of growing size, and the event loop's longest pause
+while two large BYTES bodies are decoded on the thread. `serve.core.offload.INLINE_MAX` is set
+from this.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import concurrent.futures
 import json
 import time
 
-from serve.protocols import oip
+from serve.wire import oip
 
 
 def body(count: int, datatype: str = "FP32") -> bytes:
@@ -40,7 +41,7 @@ async def hop_vs_inline() -> None:
 
 
 async def loop_pause() -> None:
-    from serve.offload import run_sized
+    from serve.core.offload import run_sized
 
     data = body(700_000, "BYTES")
     gaps: list[float] = []

@@ -5,9 +5,9 @@ machine's run-to-run noise; timed alone, in one process, one after the other, th
 steady. Each line times the previous implementation (kept here, verbatim in behaviour) against the
 current one, best of ``--repeats`` runs of ``--number`` calls, the two alternating:
 
-* request id: ``str(uuid.uuid4())`` (an ``os.urandom`` system call) vs `serve.request_ids`;
+* request id: ``str(uuid.uuid4())`` (an ``os.urandom`` system call) vs `serve.core.request_ids`;
 * IPC metadata: ``json.dumps(meta, separators=...)`` (a new ``JSONEncoder`` per call) vs the one
-  cached encoder in `serve.protocol`;
+  cached encoder in `serve.wire.frames`;
 * frame decoding: payloads sliced out of the ``bytearray`` and copied again vs one copy through a
   ``memoryview``, for a 1.2 KB body (the tiny model's) and an 8 MB one;
 * forwarded headers: Starlette's ``Headers.items()`` vs the raw ASGI scope.
@@ -26,9 +26,9 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from serve.apps.inference import _forwarded_headers
-from serve.protocol import Frame, FrameDecoder, MsgType, encode_bytes
-from serve.request_ids import new_request_id
+from serve.core.request_ids import new_request_id
+from serve.http.inference import _forwarded_headers
+from serve.wire.frames import Frame, FrameDecoder, MsgType, encode_bytes
 
 _HEADER = struct.Struct("!BIII")
 _LENGTH = struct.Struct("!Q")

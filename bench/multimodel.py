@@ -5,8 +5,8 @@ by four wrk processes with different concurrencies (8, 4, 2, 1: a busy model, a 
 in between); the baseline is one copy alone on its own server (all cores to its one worker) at
 the same total concurrency (15). Two four-model servers run side by side with it:
 
-* ``budget``: Lantern's default, the server-wide thread budget (`serve.threads`): four workers on
-  two cores get one intra-op thread each;
+* ``budget``: Lantern's default, the server-wide thread budget (`serve.core.threads`): four workers
+  on two cores get one intra-op thread each;
 * ``per-model``: every model's ``numThreads`` set to the cores, which is what dividing the cores
   among one model's own workers gave before the budget: four workers × two threads on two cores.
 
@@ -34,7 +34,7 @@ from archiver import build
 from bench.load import run_load
 from bench.models import ModelFactory
 from bench.server import LanternProcess
-from serve.threads import usable_cores
+from serve.core.threads import usable_cores
 
 REPO = Path(__file__).resolve().parent.parent
 MIX = {"m1": 8, "m2": 4, "m3": 2, "m4": 1}

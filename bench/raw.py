@@ -41,7 +41,7 @@ def _spec(model_dir: Path, threads: int, batch: int) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace) -> None:
-    from serve.protocol import Frame, MsgType
+    from serve.wire.frames import Frame, MsgType
     from serve.worker import main as worker
 
     spec = _spec(Path(args.model_dir), args.threads, args.batch)

@@ -1,5 +1,5 @@
 """``python -m bench.transport``: the frontend-to-worker path alone for large bodies, with the
-shared-memory arena (``serve/shm.py``) on and off.
+shared-memory arena (``serve/wire/shm.py``) on and off.
 
 No HTTP: this process plays the frontend, driving a real worker through ``WorkerProcess`` (the
 server's own code) one batch at a time, so the HTTP receipt that dominates ``bench.bigbody`` (and
@@ -22,7 +22,7 @@ from typing import Any
 
 from archiver import build, open_archive
 from bench import procstat
-from serve.jobs import BatchItem
+from serve.core.jobs import BatchItem
 from serve.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from serve.errors import BadRequest, ServeError
-from serve.protocols.tensors import NUMPY_DTYPES, datatype_of
+from serve.wire.errors import BadRequest, ServeError
+from serve.wire.tensors import NUMPY_DTYPES, datatype_of
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ def _typed(values: Any, spec: TensorSpec, name: str) -> tuple[np.ndarray, str]:
         raise BadRequest(f"input '{name}' takes {datatype} numbers, not strings")
     try:
         if datatype == "BF16":
-            from serve.protocols.tensors import float32_to_bf16
+            from serve.wire.tensors import float32_to_bf16
 
             return float32_to_bf16(array.astype(np.float32)), datatype
         return array.astype(NUMPY_DTYPES[datatype]), datatype

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from serve.protocols.tensors import array_from_raw, datatype_of, raw_from_array
+from serve.wire.tensors import array_from_raw, datatype_of, raw_from_array
 
 Protocol = Literal["http", "grpc"]
 Data = bytes | str | Mapping[str, bytes | str]

@@ -85,7 +85,7 @@ class Config:
     # takes the CPU the serving workers leave (serve/worker/spares.py); 0: normal priority.
     worker_start_nice: int = 10
     # Request bodies of at least worker_shm_threshold_kb KiB go to the worker through a shared-
-    # memory arena of worker_shm_arena_mb MiB per worker (serve/shm.py); 0 MiB: always inline.
+    # memory arena of worker_shm_arena_mb MiB per worker (serve/wire/shm.py); 0 MiB: always inline.
     worker_shm_arena_mb: int = 128
     worker_shm_threshold_kb: int = 64
     max_retry_timeout_in_sec: float = 300.0
@@ -94,11 +94,11 @@ class Config:
     max_request_elements: int = 1 << 20  # tensor elements per OIP request (413 past it)
     log_max_bytes: int = 100 * 1024 * 1024  # each log file rotates at this size (TorchServe's)
     log_backup_count: int = 5  # rotated files kept per log (TorchServe's DefaultRolloverStrategy)
-    # Handler metrics as TorchServe declares them (serve/metrics_config.py).
+    # Handler metrics as TorchServe declares them (serve/metrics/config.py).
     metrics_mode: str = "prometheus"  # prometheus | log | legacy (TorchServe's default: log)
     metrics_config: str | None = None  # a TorchServe metrics.yaml
     model_metrics_auto_detect: bool | None = None  # None: on without metrics_config, else off
-    # Install each archive's requirements.txt into its own folder (serve/model_deps.py).
+    # Install each archive's requirements.txt into its own folder (serve/core/model_deps.py).
     install_py_dep_per_model: bool = False
     # Model updates (docs/model-updates.md): a watched store, version policies, admission.
     watch_model_store: bool = False
@@ -109,13 +109,13 @@ class Config:
     memory_reserve_mb: int = 256  # memory kept free on the host
     gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU
     worker_memory_limit_mb: int = 0  # the most all workers together may use; 0: no limit
-    # HTTPS (serve/tls.py) for the addresses that say https://, as TorchServe configures it.
+    # HTTPS (serve/http/tls.py) for the addresses that say https://, as TorchServe configures it.
     private_key_file: str | None = None
     certificate_file: str | None = None
     keystore: str | None = None
     keystore_pass: str = "changeit"
     keystore_type: str = "PKCS12"
-    # CORS (serve/cors.py): off unless cors_allowed_origin is set, as in TorchServe.
+    # CORS (serve/http/cors.py): off unless cors_allowed_origin is set, as in TorchServe.
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None

@@ -12,29 +12,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serve import __version__
-from serve.access_log import AccessLog
-from serve.apps.common import ServerState
-from serve.apps.inference import create_inference_app
-from serve.apps.management import create_management_app
-from serve.apps.metrics import create_metrics_app
-from serve.apps.protocols import protocol_routes
-from serve.body_limit import DeclaredSizeLimit
+from serve.cli.startup_report import StartupReport
 from serve.config import Config, host_port
-from serve.draining import Draining
-from serve.errors import ServeError
-from serve.http_server import bind_socket, run_servers
-from serve.metrics import ServerMetrics
-from serve.metrics_config import load_policy
-from serve.registry import Registry
-from serve.server_choice import resolve_http_server
-from serve.startup_report import StartupReport
-from serve.update_metrics import UpdateCollector
-from serve.watcher import StoreWatcher
+from serve.core.registry import Registry
+from serve.http.access_log import AccessLog
+from serve.http.body_limit import DeclaredSizeLimit
+from serve.http.common import ServerState
+from serve.http.draining import Draining
+from serve.http.inference import create_inference_app
+from serve.http.management import create_management_app
+from serve.http.metrics import create_metrics_app
+from serve.http.protocols import protocol_routes
+from serve.http.server_choice import resolve_http_server
+from serve.http.servers import bind_socket, run_servers
+from serve.metrics.config import load_policy
+from serve.metrics.prometheus import ServerMetrics
+from serve.metrics.updates import UpdateCollector
+from serve.store.watcher import StoreWatcher
+from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
 
 if TYPE_CHECKING:
-    from serve.model import ModelVersion
-    from serve.snapshot import SnapshotStore
+    from serve.core.model import ModelVersion
+    from serve.store.snapshot import SnapshotStore
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Server:
         self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
         self.startup = StartupReport()  # told to `serve start` through the server record
-        self.tls: Any = None  # serve.tls.TlsFiles when any address is https
+        self.tls: Any = None  # serve.http.tls.TlsFiles when any address is https
 
     def _bind(self) -> dict[str, Any]:
         sockets = {}
@@ -79,7 +79,7 @@ class Server:
         return sockets
 
     def _apps(self) -> dict[str, Any]:
-        from serve.auth import TokenAuth
+        from serve.http.auth import TokenAuth
 
         if not self.config.disable_token_authorization:
             self.state.auth = TokenAuth.create(self.config)
@@ -187,7 +187,7 @@ class Server:
 
     async def _watch_store(self, loader: asyncio.Task[None]) -> None:
         """With ``watch_model_store``: keep the served versions in line with the store
-        (serve/watcher.py), from when the startup models are loaded until the server stops."""
+        (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
         if not self.config.watch_model_store or not self.config.model_store:
             return
         with contextlib.suppress(asyncio.CancelledError):
@@ -227,7 +227,7 @@ class Server:
             self._write_state_file()  # tells a waiting `serve start` that loading has ended
 
     async def _register_startup_models(self) -> None:
-        from serve.snapshot import SnapshotStore
+        from serve.store.snapshot import SnapshotStore
 
         snapshots = SnapshotStore(Path(self.config.log_dir) / "config")
         found = snapshots.newest() if self.restore_snapshot and self.config.snapshot else None
@@ -296,7 +296,7 @@ class Server:
     async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
         """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with
         their settings (TorchServe's KServe images describe their models this way)."""
-        from serve.snapshot import SnapshotError, validate
+        from serve.store.snapshot import SnapshotError, validate
 
         data = {"model_snapshot": self.config.model_snapshot}
         try:
@@ -311,7 +311,7 @@ class Server:
         self._restore_failures(restored, failures)
 
     def _write_state_file(self) -> None:
-        from serve import server_record
+        from serve.cli import server_record
 
         if self.state_file is None:
             return
@@ -326,7 +326,7 @@ class Server:
         server_record.write(self.state_file, data)
 
     def _remove_state_file(self) -> None:
-        from serve import server_record
+        from serve.cli import server_record
 
         if self.state_file is not None:
             server_record.remove_own(self.state_file)
@@ -377,17 +377,17 @@ def _scheme(address: str) -> str:
 
 
 def _server_tls(config: Config, work_dir: Path) -> Any:
-    """The certificate and key for the https listeners (serve.tls), or None when none is https."""
+    """The certificate and key for the https listeners (serve.http.tls), or None if none is."""
     addresses = [config.inference_address, config.management_address, config.metrics_address]
     if not any(_scheme(a) == "https" for a in addresses):
         return None
-    from serve.tls import server_tls_files
+    from serve.http.tls import server_tls_files
 
     return server_tls_files(config, work_dir)
 
 
 def _with_cors(apps: dict[str, Any], config: Config) -> dict[str, Any]:
-    from serve.cors import CorsPolicy
+    from serve.http.cors import CorsPolicy
 
     policy = CorsPolicy.from_config(config)
     if policy is None:

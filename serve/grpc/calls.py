@@ -3,7 +3,7 @@
 A method is written as ``async def method(call: Call, request) -> response`` (or an async
 generator for a server stream) and raises `ServeError` for failures; `unary` and `server_stream`
 turn it into a ``grpc.aio`` handler that answers the error with its gRPC status
-(``serve/errors_grpc.py``), logs one access line (``protocol=grpc``) and counts the response in
+(``serve/grpc/errors.py``), logs one access line (``protocol=grpc``) and counts the response in
 the server metrics, as the HTTP access log does.
 """
 
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from serve.errors import Forbidden, ServeError, Unauthorized
-from serve.errors_grpc import grpc_code_for
+from serve.grpc.errors import grpc_code_for
 from serve.logs import ACCESS_LOGGER
-from serve.metrics import ServerMetrics
+from serve.metrics.prometheus import ServerMetrics
+from serve.wire.errors import Forbidden, ServeError, Unauthorized
 
 if TYPE_CHECKING:
-    from serve.auth import TokenAuth
+    from serve.http.auth import TokenAuth
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger(ACCESS_LOGGER)

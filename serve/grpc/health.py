@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serve.apps.common import ServerState
-from serve.errors import NotFound, ServeError
+from serve.http.common import ServerState
+from serve.wire.errors import NotFound, ServeError
 
 WATCH_INTERVAL = 1.0
 _Status = health_pb2.HealthCheckResponse

@@ -1,6 +1,6 @@
 """TorchServe's ``org.pytorch.serve.grpc.management.ManagementAPIsService``.
 
-Each method calls the same operation as the HTTP management API (``serve/manage.py``) and puts
+Each method calls the same operation as the HTTP management API (``serve/core/manage.py``) and puts
 what HTTP answers in ``ManagementResponse.msg``: the JSON body for ``DescribeModel`` and
 ``ListModels``, the ``status`` text for the others (TorchServe's shapes). Proto3 cannot tell an
 unset number from 0: as in TorchServe (``GRPCUtils.getRegisterParam``) 0 means "not given".
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from serve import manage
-from serve.apps.common import ServerState
-from serve.errors import BadRequest
+from serve.core import manage
 from serve.grpc.calls import Call, Methods
 from serve.grpc.gen import management_pb2 as pb
+from serve.http.common import ServerState
+from serve.wire.errors import BadRequest
 
 SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 # RegisterModelRequest numbers that are settings; 0 (proto3's "unset") means the default.

@@ -3,7 +3,7 @@
 ``inference.GRPCInferenceService`` (KServe's and Triton's name: ``tritonclient.grpc``) and
 ``org.pytorch.serve.grpc.openinference.GRPCInferenceService`` (TorchServe's) have the same messages
 field for field, so one implementation answers both with TorchServe's generated messages. An
-inference request takes the HTTP OIP path (``serve.apps.protocols.run_oip``): the same tensors to
+inference request takes the HTTP OIP path (``serve.http.protocols.run_oip``): the same tensors to
 the same worker batching, metadata asked of a worker once (``model_metadata``).
 """
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from serve.apps.common import ServerState
-from serve.apps.protocols import SERVER_NAME, model_metadata, run_oip
-from serve.errors import BadRequest, ServeError
+from serve.core.model import ModelVersion
 from serve.grpc.calls import Call, Methods
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
-from serve.model import ModelVersion
-from serve.protocols import OIP, PROTOCOL_HEADER
-from serve.protocols import oip as oip_codec
+from serve.http.common import ServerState
+from serve.http.protocols import SERVER_NAME, model_metadata, run_oip
+from serve.wire import OIP, PROTOCOL_HEADER
+from serve.wire import oip as oip_codec
+from serve.wire.errors import BadRequest, ServeError
 
 SERVICES = (
     "inference.GRPCInferenceService",

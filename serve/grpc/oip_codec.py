@@ -1,6 +1,6 @@
 """Open Inference Protocol gRPC messages <-> the tensors the HTTP OIP path uses (sans-IO).
 
-``request_from_pb`` validates a ``ModelInferRequest`` into ``serve.protocols.oip.InferRequest``
+``request_from_pb`` validates a ``ModelInferRequest`` into ``serve.wire.oip.InferRequest``
 (raw inputs are only length-checked, never copied into arrays); ``response_to_pb`` answers the
 model's tensors as ``raw_output_contents``, which ``tritonclient.grpc`` decodes for every datatype.
 Typed ``contents`` are read for clients that send them (every datatype but FP16 and BF16, which
@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 from google.protobuf import unknown_fields
 
-from serve.errors import BadRequest
-from serve.protocols.oip import InferRequest, RequestedOutput, classify
-from serve.protocols.tensors import (
+from serve.wire.errors import BadRequest
+from serve.wire.oip import InferRequest, RequestedOutput, classify
+from serve.wire.tensor_params import Tensor
+from serve.wire.tensors import (
     NUMPY_DTYPES,
     TensorError,
     check_datatype,
@@ -25,7 +26,6 @@ from serve.protocols.tensors import (
     element_count,
     serialize_bytes,
 )
-from serve.protocols.wire import Tensor
 
 # Datatype -> the InferTensorContents field that carries it typed.
 _CONTENTS = {

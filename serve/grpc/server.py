@@ -20,7 +20,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from serve.apps.common import ServerState
 from serve.grpc import descriptors
 from serve.grpc.calls import Methods
 from serve.grpc.health import Health
@@ -30,6 +29,7 @@ from serve.grpc.management import SERVICE as MANAGEMENT_SERVICE
 from serve.grpc.management import ManagementService
 from serve.grpc.oip import SERVICES as OIP_SERVICES
 from serve.grpc.oip import OipService
+from serve.http.common import ServerState
 
 logger = logging.getLogger(__name__)
 

@@ -35,18 +35,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from archiver import open_archive
-from serve.apps.common import NO_CACHE_HEADERS, error_response, parse_bool, parse_int, request_id
-from serve.apps.protocols import error_response as protocol_error_response
 from serve.config import Config, ModelSettings
-from serve.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
-from serve.inputs import read_body, read_params, request_timeout
-from serve.jobs import BatchItem
-from serve.protocol import Frame, predict_frame
-from serve.protocols import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
-from serve.protocols.wire import decode_bundle, is_bundle, tensor_content_type
+from serve.core.jobs import BatchItem
+from serve.http.common import NO_CACHE_HEADERS, error_response, parse_bool, parse_int, request_id
+from serve.http.inputs import read_body, read_params, request_timeout
+from serve.http.protocols import error_response as protocol_error_response
 from serve.rayserve import dashboard
 from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
+from serve.wire import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
+from serve.wire.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
+from serve.wire.frames import Frame, predict_frame
+from serve.wire.tensor_params import decode_bundle, is_bundle, tensor_content_type
 
 logger = logging.getLogger("ray.serve")
 

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from serve.logs import encode_worker_record
-from serve.protocol import Frame, FrameReader, MsgType, encode, resolve_shared
-from serve.shm import WorkerArena, receive_arena
+from serve.wire.frames import Frame, FrameReader, MsgType, encode, resolve_shared
+from serve.wire.shm import WorkerArena, receive_arena
 
 logger = logging.getLogger("serve.worker")
 
 
 class Connection:
     """Blocking frame I/O on the worker's socket, and the read-only view of the shared-memory arena
-    that large request bodies come through (``shm_bytes`` from the spec; 0: none, `serve.shm`)."""
+    that big request bodies come through (``shm_bytes`` in the spec, 0: none; `serve.wire.shm`)."""
 
     def __init__(self, path: str, shm_bytes: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -165,9 +165,9 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
     from handlers.exceptions import PredictionException, report_failure
     from handlers.inputs import decode_value
     from handlers.output import encode_output
-    from handlers.tensor_path import run_protocol_batch
+    from serve.worker.tensor_path import run_protocol_batch
 
-    # OIP / KServe v1 requests take the tensor path (handlers/tensor_path.py), which calls back
+    # OIP / KServe v1 requests take the tensor path (serve/worker/tensor_path.py), which calls back
     # here for any regular requests in the same batch.
     routed = run_protocol_batch(service, context, frame, decode, run_batch)
     if routed is not None:
@@ -281,11 +281,11 @@ def _without_refused(
 
 
 def client_errors(frame: Frame) -> Frame:
-    """A RESULT frame's errors as clients may see them: one line, no paths (`serve.redact`).
+    """A RESULT frame's errors as clients may see them: one line, no paths (`serve.wire.redact`).
 
     The full text is in the model log already (the frontend adds the request id to 500s).
     """
-    from serve.redact import client_message
+    from serve.wire.redact import client_message
 
     for item in frame.meta.get("items") or ():
         error = item.get("error") if isinstance(item, dict) else None
@@ -302,7 +302,7 @@ def load_failure(spec: dict[str, Any], exc: BaseException) -> dict[str, str]:
     It names the handler and the exception; its text, one line without paths, stays short: the
     traceback is in the model log.
     """
-    from serve.redact import client_message
+    from serve.wire.redact import client_message
 
     handler = spec.get("handler") or (spec.get("manifest") or {}).get("model", {}).get("handler")
     detail = client_message(str(exc)) or type(exc).__name__

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serve.errors import ServeError, WorkerDied
-from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
-from serve.protocol import (
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.wire.errors import ServeError, WorkerDied
+from serve.wire.frames import (
     Frame,
     FrameDecoder,
     MsgType,
@@ -26,11 +26,11 @@ from serve.protocol import (
     move_to_shared,
     predict_frame,
 )
-from serve.shm import Arena, send_arena
+from serve.wire.shm import Arena, send_arena
 from serve.worker.spares import SparePool
 from serve.worker.spawn import Child, spawn
 
-__all__ = [  # the job types live in serve.jobs; these names stay importable from here
+__all__ = [  # the job types live in serve.core.jobs; these names stay importable from here
     "BatchItem",
     "BatchOutcome",
     "ItemResult",
@@ -89,7 +89,7 @@ class WorkerProcess:
         self.exit_code: int | None = None
         self.warmup: dict[str, Any] = {}
         self.gpu_memory = None
-        # Large request bodies go through a shared-memory arena (serve/shm.py); 0: inline only.
+        # Large request bodies go through a shared-memory arena (serve/wire/shm.py); 0: inline only.
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
         self.arena: Arena | None = None
@@ -366,7 +366,7 @@ class WorkerProcess:
 
 
 def _outcome(frame: Frame) -> BatchOutcome:
-    from serve.errors import error_for_status
+    from serve.wire.errors import error_for_status
 
     results: list[ItemResult | ServeError] = []
     for item, body in zip(frame.meta["items"], frame.payloads, strict=True):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve.protocol import Frame, MsgType
+from serve.wire.frames import Frame, MsgType
 
 logger = logging.getLogger("serve.worker")
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from serve.errors import BadRequest
+from serve.wire.errors import BadRequest
 
 Param = tuple[str, "str | None", bytes]
 

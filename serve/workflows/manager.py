@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 from archiver import ArchiveError, ManifestError
 from archiver.manifest import validate_model_name
 from archiver.workflow import WorkflowArchive, open_workflow
-from serve.describe import describe_model
-from serve.errors import (
+from serve.core.describe import describe_model
+from serve.core.model import ModelSource
+from serve.store.sources import ModelLocation, ModelSources
+from serve.wire.errors import (
     BadRequest,
     Conflict,
     ModelNotFound,
     NotFound,
     ServeError,
 )
-from serve.model import ModelSource
-from serve.sources import ModelLocation, ModelSources
 from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import Dag, Param, build_dag, compose_answer
 from serve.workflows.executor import NodeReport, run_dag
@@ -39,8 +39,8 @@ from serve.workflows.spec import NodeSettings, WorkflowSpec, parse_spec
 
 if TYPE_CHECKING:
     from serve.config import Config
-    from serve.metrics import ServerMetrics
-    from serve.registry import Registry
+    from serve.core.registry import Registry
+    from serve.metrics.prometheus import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

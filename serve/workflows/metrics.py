@@ -11,7 +11,7 @@ from serve.logs import ACCESS_LOGGER
 from serve.workflows.executor import NodeReport
 
 if TYPE_CHECKING:
-    from serve.metrics import ServerMetrics
+    from serve.metrics.prometheus import ServerMetrics
 
 access_logger = logging.getLogger(ACCESS_LOGGER)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from serve.errors import BadRequest
+from serve.wire.errors import BadRequest
 
 # Spec key -> NodeSettings attribute.
 SETTING_KEYS = {

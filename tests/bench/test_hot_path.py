@@ -2,7 +2,7 @@
 
 * Listening sockets name IPPROTO_TCP and set TCP_NODELAY, so accepted connections never wait on
   Nagle's algorithm (it cost ~40 ms per response on the default event loop).
-* Predictions bypass Starlette's router (`serve.apps.inference.InferenceApp`); these pin the edge
+* Predictions bypass Starlette's router (`serve.http.inference.InferenceApp`); these pin the edge
   cases to what the router answers, and check the access log still sees model and version.
 """
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from httpx import Response
 
-from serve.http_server import bind_socket
+from serve.http.servers import bind_socket
 from tests.support.server import LanternServer, echo_archive
 
 

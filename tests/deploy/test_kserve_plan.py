@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.kserve import PodContractError, plan_models, pod_overrides, port_from
+from serve.kserve.pod import PodContractError, plan_models, pod_overrides, port_from
 
 KNOWN = frozenset({"grpc_inference_port", "grpc_inference_address"})
 

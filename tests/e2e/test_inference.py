@@ -378,7 +378,7 @@ def test_intermediate_responses_stream_as_chunks(server: LanternServer) -> None:
 
 def test_a_body_larger_than_the_workers_read_buffer_arrives_whole(server: LanternServer) -> None:
     # 150 KB: past the worker's 64 KB frame buffer, so it is received straight into its own
-    # buffer (serve.protocol.FrameReader); every byte must arrive in order.
+    # buffer (serve.wire.frames.FrameReader); every byte must arrive in order.
     text = "".join(chr(97 + i * 7 % 26) for i in range(150_000))
     resp = post(server, "/predictions/echo", text)
     assert resp.status_code == 200, resp.text

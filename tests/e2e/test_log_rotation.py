@@ -85,7 +85,7 @@ def test_console_log_rotates(tmp_path: Path) -> None:
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from serve.console import capture_console\n"
+        "from serve.cli.console import capture_console\n"
         f"capture_console(Path({str(tmp_path / 'console.log')!r}), {CAP}, {BACKUPS})\n"
         "for i in range(2000):\n"
         "    print('o' * 511, flush=True)\n"

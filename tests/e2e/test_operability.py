@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve import server_record
+from serve.cli import server_record
 from tests.support.server import build_archive, echo_archive, pid_alive
 
 PORTS = [

@@ -1,6 +1,6 @@
 """Property tests (hypothesis) for what parses untrusted or corruptible bytes.
 
-The frame codec (serve/protocol.py), the Open Inference Protocol and KServe v1 request codecs and
+The frame codec (serve/wire/frames.py), the Open Inference Protocol and KServe v1 request codecs and
 the archive reader: any input either parses or raises the module's own error (``ProtocolError``,
 ``BadRequest``, ``ArchiveError``) that the server answers as 4xx, never anything else; and what
 is encoded decodes to the same thing. Examples per property: `tests.fuzz.settings`.
@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from archiver import ArchiveError, open_archive, read_manifest
-from serve.errors import BadRequest, ServeError
-from serve.protocol import Frame, FrameDecoder, MsgType, ProtocolError, encode_bytes
-from serve.protocols import kserve_v1, oip
+from serve.wire import kserve_v1, oip
+from serve.wire.errors import BadRequest, ServeError
+from serve.wire.frames import Frame, FrameDecoder, MsgType, ProtocolError, encode_bytes
 from tests.fuzz.settings import examples
 
 FUZZ = settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))

@@ -6,7 +6,11 @@ import grpc
 import numpy as np
 import pytest
 
-from serve.errors import (
+from serve.grpc.descriptors import kserve_file, pool
+from serve.grpc.errors import grpc_code_for, grpc_code_name
+from serve.grpc.gen import open_inference_grpc_pb2 as pb
+from serve.grpc.oip_codec import request_from_pb, response_to_pb
+from serve.wire.errors import (
     BadRequest,
     Conflict,
     Forbidden,
@@ -19,12 +23,8 @@ from serve.errors import (
     TooManyRequests,
     WorkerError,
 )
-from serve.errors_grpc import grpc_code_for, grpc_code_name
-from serve.grpc.descriptors import kserve_file, pool
-from serve.grpc.gen import open_inference_grpc_pb2 as pb
-from serve.grpc.oip_codec import request_from_pb, response_to_pb
-from serve.protocols.tensors import deserialize_bytes, serialize_bytes
-from serve.protocols.wire import Tensor
+from serve.wire.tensor_params import Tensor
+from serve.wire.tensors import deserialize_bytes, serialize_bytes
 
 
 @pytest.mark.parametrize(

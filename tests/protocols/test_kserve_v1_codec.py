@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from serve.errors import BadRequest
-from serve.protocols import kserve_v1
+from serve.wire import kserve_v1
+from serve.wire.errors import BadRequest
 
 
 def parse(doc: object) -> kserve_v1.V1Request:

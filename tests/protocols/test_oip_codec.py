@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from serve.errors import BadRequest
-from serve.protocols import oip, tensors, wire
+from serve.wire import oip, tensor_params, tensors
+from serve.wire.errors import BadRequest
 
 SAMPLES = {
     "BOOL": np.array([[True, False], [False, True]]),
@@ -217,8 +217,8 @@ def test_binary_extension_errors() -> None:
         oip.parse_request(head + raw, len(head))
 
 
-def _tensor(name: str, array: np.ndarray) -> wire.Tensor:
-    return wire.Tensor.from_array(name, array, tensors.datatype_of(array))
+def _tensor(name: str, array: np.ndarray) -> tensor_params.Tensor:
+    return tensor_params.Tensor.from_array(name, array, tensors.datatype_of(array))
 
 
 def test_response_json_and_binary_outputs() -> None:
@@ -278,22 +278,22 @@ def test_classification_extension() -> None:
 def test_bundles_and_tensor_params_round_trip() -> None:
     items = [
         _tensor("a", SAMPLES["FP16"]),
-        wire.Tensor.from_array("s", np.array([b"x", b"yz"], dtype=object), "BYTES"),
+        tensor_params.Tensor.from_array("s", np.array([b"x", b"yz"], dtype=object), "BYTES"),
     ]
-    body, content_type = wire.encode_bundle(items)
-    assert wire.is_bundle(content_type)
-    back = wire.decode_bundle(body, content_type)
+    body, content_type = tensor_params.encode_bundle(items)
+    assert tensor_params.is_bundle(content_type)
+    back = tensor_params.decode_bundle(body, content_type)
     assert [(t.name, t.datatype, t.shape) for t in back] == [
         ("a", "FP16", (2, 2)),
         ("s", "BYTES", (2,)),
     ]
     np.testing.assert_array_equal(back[0].array(), SAMPLES["FP16"])
     assert back[1].array().tolist() == [b"x", b"yz"]
-    ct = wire.tensor_content_type("INT64", (3, 1))
-    assert wire.is_tensor_param(ct)
-    t = wire.tensor_from_param("n", ct, np.arange(3, dtype="<i8").tobytes())
+    ct = tensor_params.tensor_content_type("INT64", (3, 1))
+    assert tensor_params.is_tensor_param(ct)
+    t = tensor_params.tensor_from_param("n", ct, np.arange(3, dtype="<i8").tobytes())
     assert t.array().reshape(-1).tolist() == [0, 1, 2]
     with pytest.raises(BadRequest, match="do not match shape"):
-        wire.tensor_from_param("n", ct, b"\x00" * 7)
+        tensor_params.tensor_from_param("n", ct, b"\x00" * 7)
     with pytest.raises(BadRequest, match="invalid datatype"):
-        wire.tensor_from_param("n", "application/x-lantern-tensor; shape=1", b"\x00")
+        tensor_params.tensor_from_param("n", "application/x-lantern-tensor; shape=1", b"\x00")

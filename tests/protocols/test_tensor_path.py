@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from archiver import open_archive
-from serve.protocol import Frame, MsgType
-from serve.protocols import KSERVE_V1, METADATA, OIP, OUTPUTS_HEADER, PROTOCOL_HEADER
-from serve.protocols.tensors import raw_from_array
-from serve.protocols.wire import decode_bundle, tensor_content_type
+from serve.wire import KSERVE_V1, METADATA, OIP, OUTPUTS_HEADER, PROTOCOL_HEADER
+from serve.wire.frames import Frame, MsgType
+from serve.wire.tensor_params import decode_bundle, tensor_content_type
+from serve.wire.tensors import raw_from_array
 from serve.worker.main import load, run_batch
 from tests.protocols import models
 from tests.support.server import build_archive
@@ -441,7 +441,7 @@ def test_custom_handler_errors_reach_every_protocol_request(tmp: Path) -> None:
 
 
 def test_bf16_tensors_reach_torch_as_bfloat16(sees_batch) -> None:
-    from serve.protocols.tensors import bf16_to_float32, float32_to_bf16
+    from serve.wire.tensors import bf16_to_float32, float32_to_bf16
 
     values = np.array([[1.0, 2.5, 3.140625]], dtype=np.float32)  # the model refuses negatives
     (answer,) = run(*sees_batch, oip("bf16", {"a": (float32_to_bf16(values), "BF16")}))

@@ -1,12 +1,12 @@
-"""In-process fake workers and pool for driving `serve.dispatcher.Dispatcher` without processes."""
+"""In-process fake workers and pool: `serve.core.dispatcher.Dispatcher` without processes."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from serve.errors import WorkerDied
-from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.wire.errors import WorkerDied
 
 
 class FakeWorker:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.admission import (
+from serve.config import Config, ModelSettings
+from serve.core.admission import (
     MIB,
     WORKER_BASE_BYTES,
     Headroom,
@@ -20,11 +21,10 @@ from serve.admission import (
     tree_size,
     visible_free,
 )
-from serve.config import Config, ModelSettings
-from serve.errors import InsufficientMemory
-from serve.metrics import ServerMetrics
-from serve.registry import Registry
-from serve.system_metrics import GpuSample, SystemMetrics
+from serve.core.registry import Registry
+from serve.metrics.prometheus import ServerMetrics
+from serve.metrics.system import GpuSample, SystemMetrics
+from serve.wire.errors import InsufficientMemory
 
 
 @pytest.mark.parametrize(

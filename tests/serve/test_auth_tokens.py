@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from serve.auth import TokenAuth
 from serve.config import Config
-from serve.errors import BadRequest, Unauthorized
+from serve.http.auth import TokenAuth
+from serve.wire.errors import BadRequest, Unauthorized
 
 
 def headers(token: str | None) -> dict[bytes, bytes]:

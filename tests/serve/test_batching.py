@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serve.batching import plan_batches
+from serve.core.batching import plan_batches
 
 
 def test_nothing_to_do() -> None:

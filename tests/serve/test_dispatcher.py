@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serve.config import ModelSettings
-from serve.dispatcher import Dispatcher
-from serve.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
-from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.dispatcher import Dispatcher
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
 from tests.serve.fake_workers import FakePool
 
 _ids = itertools.count()

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from serve.body_limit import DeclaredSizeLimit
-from serve.draining import Draining
-from serve.errors import BadRequest
-from serve.json_input import parse_json
+from serve.http.body_limit import DeclaredSizeLimit
+from serve.http.draining import Draining
 from serve.logs import LogFile, rotate_files
-from serve.redact import client_message, one_line, strip_paths
+from serve.wire.errors import BadRequest
+from serve.wire.json_input import parse_json
+from serve.wire.redact import client_message, one_line, strip_paths
 
 TORCHSCRIPT = """The following operation failed in the TorchScript interpreter.
 Traceback of TorchScript (most recent call last):

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from serve.access_log import AccessLog
-from serve.apps.common import request_id
+from serve.http.access_log import AccessLog
+from serve.http.common import request_id
 from serve.logs import (
     WORKER_RECORD_MARK,
     JsonFormatter,
@@ -26,8 +26,8 @@ from serve.logs import (
     decode_worker_line,
     encode_worker_record,
 )
-from serve.metrics import ServerMetrics
-from serve.system_metrics import SystemMetrics
+from serve.metrics.prometheus import ServerMetrics
+from serve.metrics.system import SystemMetrics
 
 
 def make_record(

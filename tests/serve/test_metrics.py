@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.handler_metrics import HandlerMetrics, sanitize_name
-from serve.jobs import BatchItem, BatchOutcome, Job
-from serve.metrics import BareCounter, ServerMetrics, render
-from serve.system_metrics import SystemMetrics, parse_nvidia_smi, process_rss
+from serve.core.jobs import BatchItem, BatchOutcome, Job
+from serve.metrics.handler import HandlerMetrics, sanitize_name
+from serve.metrics.prometheus import BareCounter, ServerMetrics, render
+from serve.metrics.system import SystemMetrics, parse_nvidia_smi, process_rss
 
 
 def parse(body: bytes) -> dict[str, object]:

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve.config import Config, ConfigError
-from serve.handler_metrics import HandlerMetrics
-from serve.metrics import render
-from serve.metrics_config import MetricSpec, MetricsPolicy, load_policy
+from serve.metrics.config import MetricSpec, MetricsPolicy, load_policy
+from serve.metrics.handler import HandlerMetrics
+from serve.metrics.prometheus import render
 
 YAML = """
 dimensions:

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from serve import server_record
+from serve.cli import server_record
+from serve.cli.server_record import Status
+from serve.cli.startup_report import StartupReport, failure_lines, report_lines
 from serve.config import Config
-from serve.cors import CorsPolicy
-from serve.server_record import Status
-from serve.startup_report import StartupReport, failure_lines, report_lines
+from serve.http.cors import CorsPolicy
 
 
 def test_a_record_written_by_a_process_is_running_until_it_exits(tmp_path: Path) -> None:
     path = tmp_path / "server.json"
     code = (
-        "import sys, pathlib; from serve import server_record; "
+        "import sys, pathlib; from serve.cli import server_record; "
         "server_record.write(pathlib.Path(sys.argv[1]), {'addresses': {}}); "
         "print('written', flush=True); sys.stdin.read()"
     )
@@ -139,7 +139,7 @@ def test_cors_adds_the_configured_values_and_keeps_the_apps_own() -> None:
 
 
 def test_labelled_lines_put_every_value_in_one_column() -> None:
-    from serve.control import labelled
+    from serve.cli.control import labelled
 
     lines = labelled(
         [("inference", "http://a"), ("grpc_management", "127.0.0.1:1"), ("logs", "/l")]

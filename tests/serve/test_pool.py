@@ -9,8 +9,8 @@ import os
 import pytest
 
 from serve.config import ModelSettings
-from serve.jobs import WorkerState
-from serve.pool import WorkerPool, WorkerSlot, backoff_delay, restart_backoff
+from serve.core.jobs import WorkerState
+from serve.core.pool import WorkerPool, WorkerSlot, backoff_delay, restart_backoff
 from serve.worker.process import WorkerStartFailed
 
 
@@ -101,7 +101,7 @@ def test_an_unexpected_start_error_is_a_logged_start_failure(
         (info,) = pool.infos()
         assert info.state is WorkerState.DEAD and info.last_error == slot.last_error
 
-    with caplog.at_level(logging.ERROR, logger="serve.pool"):
+    with caplog.at_level(logging.ERROR, logger="serve.core.pool"):
         asyncio.run(scenario())
     assert any(r.exc_info and "failed to start" in r.getMessage() for r in caplog.records)
     assert any("Giving up on worker" in r.getMessage() for r in caplog.records)
@@ -118,7 +118,7 @@ def test_a_supervisor_that_fails_marks_its_slot_and_logs(caplog: pytest.LogCaptu
         assert slot.gave_up and slot.last_error == "RuntimeError: factory broke"
         assert slot.settled.is_set() and not pool.can_serve()
 
-    with caplog.at_level(logging.ERROR, logger="serve.pool"):
+    with caplog.at_level(logging.ERROR, logger="serve.core.pool"):
         asyncio.run(scenario())
     assert any(
         r.exc_info and "Supervisor of worker m_1-w0 failed" in r.getMessage()
@@ -163,7 +163,7 @@ def test_a_worker_over_its_memory_cap_is_recycled_between_batches(
         assert slot.restarts == 0 and slot.crash_streak == 0  # not a crash
         await pool.stop()
 
-    with caplog.at_level(logging.INFO, logger="serve.pool"):
+    with caplog.at_level(logging.INFO, logger="serve.core.pool"):
         asyncio.run(scenario())
     assert any("over its cap of 1 MiB" in r.getMessage() for r in caplog.records)
 

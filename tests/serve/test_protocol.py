@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from serve.protocol import (
+from serve.wire.frames import (
     Frame,
     FrameDecoder,
     FrameReader,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from serve.apps.inference import _result_response
-from serve.jobs import ItemResult
+from serve.core.jobs import ItemResult
+from serve.http.inference import _result_response
 
 
 def test_raw_bytes_without_a_type_go_without_content_type() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from serve.request_ids import new_request_id
+from serve.core.request_ids import new_request_id
 
 
 def test_ids_parse_as_version_4_uuids_and_do_not_repeat() -> None:

@@ -10,17 +10,8 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.errors import (
-    BadRequest,
-    Conflict,
-    GatewayTimeout,
-    ServeError,
-    ShuttingDown,
-    TooManyRequests,
-    WorkerDied,
-)
-from serve.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
-from serve.sequences import (
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.sequences import (
     SEQUENCE_END_HEADER,
     SEQUENCE_ID_HEADER,
     SEQUENCE_START_HEADER,
@@ -30,6 +21,15 @@ from serve.sequences import (
     SequenceView,
     check_supported_settings,
     plan_sequence_batches,
+)
+from serve.wire.errors import (
+    BadRequest,
+    Conflict,
+    GatewayTimeout,
+    ServeError,
+    ShuttingDown,
+    TooManyRequests,
+    WorkerDied,
 )
 from serve.worker.main import mark_stream_next
 

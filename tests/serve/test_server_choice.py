@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serve.config import Config, ConfigError
-from serve.server_choice import choose_http_server, hypercorn_only_settings
+from serve.http.server_choice import choose_http_server, hypercorn_only_settings
 
 # requested, hypercorn-only settings asked for, uvicorn installed → server, words in the reason
 CHOICES = [

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from serve.protocol import (
+from serve.wire.frames import (
     Frame,
     MsgType,
     ProtocolError,
@@ -17,7 +17,7 @@ from serve.protocol import (
     move_to_shared,
     resolve_shared,
 )
-from serve.shm import ALIGN, MARKER, Arena, BumpAllocator, receive_arena, send_arena
+from serve.wire.shm import ALIGN, MARKER, Arena, BumpAllocator, receive_arena, send_arena
 
 # ----- BumpAllocator ----------------------------------------------------------------------------
 

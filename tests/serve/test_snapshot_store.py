@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from serve.config import Config
-from serve.registry import Registry
-from serve.snapshot import SnapshotError, SnapshotStore, validate
+from serve.core.registry import Registry
+from serve.store.snapshot import SnapshotError, SnapshotStore, validate
 
 GOOD = {
     "model_snapshot": {
@@ -50,7 +50,7 @@ def test_latest_skips_corrupt_snapshots(tmp_path: Path, caplog: pytest.LogCaptur
     (folder / "2-snapshot.json").write_text("{truncated")
     (folder / "3-snapshot.json").write_bytes(b"\xff\xfe")
     (folder / "4-snapshot.json").write_text(json.dumps({"model_snapshot": {"models": []}}))
-    with caplog.at_level(logging.ERROR, logger="serve.snapshot"):
+    with caplog.at_level(logging.ERROR, logger="serve.store.snapshot"):
         assert SnapshotStore(folder).latest() == GOOD
     assert caplog.text.count("Skipping corrupt snapshot") == 3
     assert SnapshotStore(tmp_path / "none").latest() is None

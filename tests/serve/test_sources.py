@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from serve.config import Config
-from serve.errors import BadRequest, Conflict, InvalidModelUrl, ModelNotFound
-from serve.sources import ModelLocation, ModelSources, check_traversal
+from serve.store.sources import ModelLocation, ModelSources, check_traversal
+from serve.wire.errors import BadRequest, Conflict, InvalidModelUrl, ModelNotFound
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.threads import ThreadBudget, ThreadDemand, budget_threads
+from serve.core.threads import ThreadBudget, ThreadDemand, budget_threads
 
 D = ThreadDemand
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.version_policy import (
+from serve.store.version_policy import (
     PolicyError,
     VersionPlan,
     VersionPolicy,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from serve.protocol import Frame, MsgType
+from serve.wire.frames import Frame, MsgType
 from serve.worker.warmup import (
     Sample,
     WarmupFailed,

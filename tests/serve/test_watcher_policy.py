@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from serve.config import Config, ModelSettings
-from serve.model import ModelSource, ModelVersion
-from serve.registry import ModelEntry, Registry
-from serve.version_policy import VersionPolicy
-from serve.watcher import StoreWatcher
+from serve.core.model import ModelSource, ModelVersion
+from serve.core.registry import ModelEntry, Registry
+from serve.store.version_policy import VersionPolicy
+from serve.store.watcher import StoreWatcher
 
 
 def _with_version(registry: Registry, name: str, versions: dict[str, dict]) -> None:

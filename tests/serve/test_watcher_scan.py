@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.watcher import Candidate, Stability, fingerprint, scan_store
+from serve.store.watcher import Candidate, Stability, fingerprint, scan_store
 from tests.support.server import echo_archive
 
 

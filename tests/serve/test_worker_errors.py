@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from archiver import open_archive
-from serve.protocol import Frame, MsgType
+from serve.wire.frames import Frame, MsgType
 from serve.worker.main import client_errors, load, load_failure, run_batch
 from tests.support.server import echo_archive
 

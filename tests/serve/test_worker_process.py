@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.errors import WorkerDied
-from serve.jobs import BatchItem, WorkerState
+from serve.core.jobs import BatchItem, WorkerState
+from serve.wire.errors import WorkerDied
 from serve.worker.process import SOCKET_PATH_MAX, WorkerProcess, WorkerStartFailed
 from tests.support.server import HANDLERS
 from tests.support.worker_spec import worker_spec

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.errors import WorkerDied
-from serve.jobs import BatchItem, BatchOutcome, ItemResult
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult
+from serve.wire.errors import WorkerDied
 from serve.worker.process import WorkerProcess
 from tests.support.arena import arena_fds, arena_mappings
 from tests.support.server import HANDLERS

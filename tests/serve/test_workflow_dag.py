@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from serve.errors import ModelNotFound, WorkerError
+from serve.wire.errors import ModelNotFound, WorkerError
 from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import InvalidDAG, build_dag, compose_answer, node_params
 from serve.workflows.executor import NodeFailed, NodeReport, run_dag

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from serve.apps.common import ServerState
-from serve.apps.management import create_management_app
 from serve.config import Config
-from serve.metrics import ServerMetrics
-from serve.model import ModelSource, ModelVersion
-from serve.registry import ModelEntry, Registry
+from serve.core.model import ModelSource, ModelVersion
+from serve.core.registry import ModelEntry, Registry
+from serve.http.common import ServerState
+from serve.http.management import create_management_app
+from serve.metrics.prometheus import ServerMetrics
 from serve.workflows.manager import Workflows
 
 

@@ -1,4 +1,4 @@
-"""What a process holds of the workers' shared-memory arenas (`serve.shm`), read from /proc."""
+"""What a process holds of the workers' shared-memory arenas (`serve.wire.shm`), read from /proc."""
 
 from __future__ import annotations
 

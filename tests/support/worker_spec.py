@@ -1,4 +1,4 @@
-"""The spec a frontend gives a worker (`serve.model.ModelVersion.worker_spec`), for tests that
+"""The spec a frontend gives a worker (`serve.core.model.ModelVersion.worker_spec`), for tests that
 drive a real worker process through `serve.worker.process.WorkerProcess` without a server."""
 
 from __future__ import annotations

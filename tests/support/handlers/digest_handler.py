@@ -1,5 +1,5 @@
 """A test handler for large bodies: answers each row's length, SHA-256 and type, and what this
-worker maps of a shared-memory arena (``serve.shm``).
+worker maps of a shared-memory arena (``serve.wire.shm``).
 
 ``model-config.yaml`` ``digest: {torch: true}`` imports torch at load (so the server's warm spares
 preload it and a replacement worker comes from a spare). A body that starts with ``wait:PATH\\n``

@@ -1,0 +1,64 @@
+"""What a start did, told to the user who ran ``serve start``; and the exit codes of ``serve``.
+
+The server fills a `StartupReport` while it loads its startup models and keeps it in its record
+(`serve.cli.server_record`); ``serve start`` reads it back and prints it with `report_lines`. Pure
+functions, so that the exact lines are tested without processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Exit codes of `serve start` (and the other commands where they apply); docs/operating.md.
+EXIT_OK = 0
+EXIT_ERROR = 1  # the server exited during startup, was not healthy in time, or not running
+EXIT_USAGE = 2  # a bad command line, config file or setting, or a model store that is missing
+EXIT_ALREADY_RUNNING = 3  # the server record names a Lantern server that is running
+EXIT_ADDRESS_IN_USE = 4  # an address could not be bound (in use, or not this machine's)
+EXIT_MODELS_FAILED = 5  # the server runs, but at least one startup model did not load
+
+
+@dataclass
+class StartupReport:
+    """The snapshot restored (if any), the models it brought back, and every model that failed."""
+
+    snapshot: str | None = None  # the snapshot file restored
+    restored: list[str] = field(default_factory=list)  # "name version" of each restored model
+    unused_models: list[str] = field(default_factory=list)  # --models ignored for the snapshot
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (model, reason)
+
+    def fail(self, model: str, reason: str) -> None:
+        self.failed.append((model, " ".join(reason.split())))  # one line each
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> StartupReport:
+        data = data or {}
+        return cls(
+            snapshot=data.get("snapshot"),
+            restored=list(data.get("restored") or []),
+            unused_models=list(data.get("unused_models") or []),
+            failed=[(str(m), str(r)) for m, r in data.get("failed") or []],
+        )
+
+
+def report_lines(report: StartupReport) -> list[str]:
+    """The lines ``serve start`` prints about the snapshot it restored (none when none was)."""
+    if report.snapshot is None:
+        return []
+    brought = ", ".join(report.restored) if report.restored else "no models"
+    lines = [f"Restored snapshot {report.snapshot}: {brought}."]
+    if report.unused_models:
+        lines.append(
+            f"Warning: --models {','.join(report.unused_models)} was not used: the snapshot was "
+            "restored instead; start with --ncs (or --config/--ts-config) to load --models."
+        )
+    return lines
+
+
+def failure_lines(report: StartupReport) -> list[str]:
+    """One line per model that failed to load: ``  model: reason``."""
+    return [f"  {model}: {reason}" for model, reason in report.failed]

@@ -1,0 +1,111 @@
+"""What travels between the dispatcher and a worker: items, results, jobs and worker states.
+
+Nothing here knows about processes or sockets, so the dispatcher, the worker pool and the worker
+process handle all import it (and tests build jobs without any of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve.wire.errors import ServeError
+
+
+class WorkerState(enum.Enum):
+    """A worker's state as the dispatcher sees it."""
+
+    STARTING = "STARTING"
+    READY = "READY"
+    BUSY = "BUSY"
+    STOPPING = "STOPPING"
+    DEAD = "DEAD"
+
+
+LIVE_STATES = (WorkerState.READY, WorkerState.BUSY)
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """What the worker needs of one request."""
+
+    request_id: str
+    headers: dict[str, str]
+    params: list[tuple[str, str | None, bytes]]
+
+
+@dataclass(slots=True)
+class ItemResult:
+    status: int
+    body: bytes
+    content_type: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+    # For a streaming handler: the later chunks, then the final result or error, then None.
+    stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """One result or error per item, with the worker's timings and custom metrics."""
+
+    results: list[ItemResult | ServeError]
+    timings: dict[str, float]
+    metrics: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Job:
+    """One request on its way through the queue to a worker and back."""
+
+    item: BatchItem
+    future: asyncio.Future[ItemResult]
+    arrived: float
+    deadline: float
+    retries: int = 0
+    dispatched_at: float = 0.0
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    stream: asyncio.Queue[ItemResult | ServeError | None] | None = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    def push_chunk(self, chunk: ItemResult) -> None:
+        """An intermediate chunk from a streaming handler.
+
+        The first one answers the request at once, as a result whose ``stream`` yields the later
+        chunks and then the final result (or error).
+        """
+        if self.stream is not None:
+            self.stream.put_nowait(chunk)
+        elif not self.future.done():  # not answered yet (by a timeout, say)
+            self.stream = asyncio.Queue()
+            self.future.set_result(
+                ItemResult(
+                    chunk.status,
+                    chunk.body,
+                    chunk.content_type,
+                    dict(chunk.headers),
+                    stream=self.stream,
+                )
+            )
+
+    def resolve(self, result: ItemResult) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.stream is not None:
+            self.stream.put_nowait(result)
+            self.stream.put_nowait(None)
+        elif not self.future.done():
+            self.future.set_result(result)
+
+    def fail(self, error: ServeError) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.stream is not None:
+            self.stream.put_nowait(error)
+            self.stream.put_nowait(None)
+        elif not self.future.done():
+            self.future.set_exception(error)

@@ -1,0 +1,214 @@
+"""The inference API (port 8080): ``/ping``, ``/predictions`` and ``/explanations``."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from serve.core.jobs import BatchItem, ItemResult
+from serve.http.common import (
+    EXCEPTION_HANDLERS,
+    NO_CACHE_HEADERS,
+    ServerState,
+    error_response,
+    handle_unexpected,
+    json_response,
+    request_id,
+)
+from serve.http.inputs import read_params, request_timeout
+from serve.http.openapi import inference_description
+from serve.wire.errors import ServeError
+
+logger = logging.getLogger(__name__)
+
+
+def create_inference_app(
+    state: ServerState, extra_routes: list[BaseRoute] | None = None
+) -> InferenceApp:
+    """The inference app; protocol modules add their routes through ``extra_routes``."""
+
+    async def ping(request: Request) -> Response:
+        # Unhealthy while startup models load, and for good if one could not even be registered.
+        healthy = not state.starting and not state.startup_failures and state.registry.is_healthy()
+        return json_response(
+            {"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500
+        )
+
+    async def describe_api(request: Request) -> Response:
+        return json_response(inference_description(state.version))
+
+    async def predict(request: Request) -> Response:
+        return await _infer(request, explain=False)
+
+    async def explain(request: Request) -> Response:
+        return await _infer(request, explain=True)
+
+    async def _infer(request: Request, *, explain: bool) -> Response:
+        rid = request_id(request)
+        path = request.path_params
+        name, version = path["model"], path.get("version")
+        started = time.perf_counter()
+        try:
+            model = state.registry.get(name, version)
+        except ServeError as err:
+            return error_response(err, rid)  # no metric labels for names nobody registered
+        status = 500
+        model_version = version or "default"
+        try:
+            params = await read_params(request, state.config.max_request_size)
+            # x-lantern-* headers are ours (protocol requests to workers); clients cannot set them.
+            headers = _forwarded_headers(request.scope["headers"])
+            if path.get("rest"):
+                headers["url_path"] = path["rest"]
+            if explain:
+                headers["explain"] = "True"
+            item = BatchItem(rid, headers, params)
+            # Look again: the default version may have changed while the body was read.
+            model = state.registry.get(name, version)
+            result = await model.submit(item, request_timeout(request))
+            status = result.status
+            return _result_response(result, rid, state.config.max_response_size)
+        except ServeError as err:
+            status = err.status_code
+            return error_response(err, rid)
+        finally:
+            state.metrics.request_done(name, model_version, status, time.perf_counter() - started)
+
+    routes: list[BaseRoute] = [
+        Route("/ping", ping, methods=["GET"]),
+        Route("/", describe_api, methods=["OPTIONS"]),
+        Route("/api-description", describe_api, methods=["GET"]),
+    ]
+    for prefix, endpoint in (("/predictions", predict), ("/explanations", explain)):
+        routes += [
+            Route(prefix + "/{model}", endpoint, methods=["POST", "PUT"]),
+            Route(prefix + "/{model}/{version}", endpoint, methods=["POST", "PUT"]),
+            Route(prefix + "/{model}/{version}/{rest:path}", endpoint, methods=["POST", "PUT"]),
+        ]
+    routes += [Route("/predictions/{model}", describe_api, methods=["OPTIONS"])]
+    routes += workflow_predict_routes(state)
+    routes += extra_routes or []
+    return InferenceApp(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS), _infer)
+
+
+# POST/PUT /predictions|explanations/{model}[/{version}[/{rest:path}]], as the routes above match
+# them: a path they would not match (a trailing slash, an empty segment) falls through to Starlette.
+_INFER_PATH = re.compile(r"/(predictions|explanations)/([^/]+)(?:/([^/]+)(?:/(.*))?)?")
+
+
+class InferenceApp:
+    """The Starlette app with the prediction routes taken straight to their endpoint.
+
+    A prediction skips Starlette's two middlewares, its scan of every route's regex and its
+    request/response wrappers: a tenth of the frontend's CPU per request on uvicorn (see
+    ``docs/performance.md``). Every other request, and any prediction path that Starlette would
+    treat differently, goes through Starlette unchanged.
+    """
+
+    def __init__(self, app: Starlette, infer: Callable[..., Awaitable[Response]]) -> None:
+        self.app = app
+        self._infer = infer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("POST", "PUT")
+            and not scope.get("root_path")
+            and (match := _INFER_PATH.fullmatch(scope["path"])) is not None
+        ):
+            kind, model, version, rest = match.groups()
+            params = {"model": model}
+            if version is not None:
+                params["version"] = version
+                if rest is not None:
+                    params["rest"] = rest
+            scope["path_params"] = params  # where Starlette puts them; the access log reads them
+            request = Request(scope, receive, send)
+            try:
+                response = await self._infer(request, explain=kind == "explanations")
+            except ClientDisconnect:
+                return  # nobody to answer
+            except Exception as exc:  # what Starlette's ServerErrorMiddleware would answer
+                response = await handle_unexpected(request, exc)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers as the worker sees them, straight from the ASGI scope (no
+    intermediate `Headers`); names arrive lower-cased. The last of repeated names wins."""
+    return {
+        k.decode("latin-1"): v.decode("latin-1") for k, v in raw if not k.startswith(b"x-lantern-")
+    }
+
+
+def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
+    if result.stream is not None:
+        return _streaming_response(result, rid)
+    if len(result.body) > max_size:
+        return error_response(
+            ServeError(f"The model's response exceeds max_response_size of {max_size} bytes."), rid
+        )
+    headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
+    # Raw bytes with no type from the handler go without a Content-Type, as in TorchServe.
+    media_type = result.content_type
+    return Response(result.body, status_code=result.status, headers=headers, media_type=media_type)
+
+
+def _streaming_response(first: ItemResult, rid: str) -> Response:
+    """A handler that calls ``send_intermediate_predict_response``: chunked transfer, as TorchServe.
+
+    The status is the first chunk's; an error after it can only end the stream (and is logged).
+    """
+    stream = first.stream
+    assert stream is not None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield first.body
+        while (item := await stream.get()) is not None:
+            if isinstance(item, ServeError):
+                logger.error("Request %s failed mid-stream: %s", rid, item.message)
+                return
+            yield item.body
+
+    headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
+    media_type = first.content_type  # none for raw bytes, as in TorchServe
+    return StreamingResponse(
+        chunks(), status_code=first.status, headers=headers, media_type=media_type
+    )
+
+
+# ----- workflows ----------------------------------------------------------------------------------
+
+
+def workflow_predict_routes(state: ServerState) -> list[BaseRoute]:
+    """``/wfpredict/{workflow}``: the workflow's DAG for one request (TorchServe's route).
+
+    The answer is the leaf node's bytes as ``application/json`` (TorchServe sends that type
+    whatever the bytes are), or a JSON object of the leaves' outputs when there are several.
+    """
+
+    async def wfpredict(request: Request) -> Response:
+        rid = request_id(request)
+        assert state.workflows is not None, "the server sets up the workflows"
+        workflows = state.workflows
+        try:
+            workflows.get(request.path_params["workflow"])
+            params = await read_params(request, state.config.max_request_size)
+            headers = {k: v for k, v in request.headers.items() if not k.startswith("x-lantern-")}
+            body = await workflows.predict(request.path_params["workflow"], params, headers, rid)
+        except ServeError as err:
+            return error_response(err, rid)
+        headers = {**NO_CACHE_HEADERS, "x-request-id": rid}
+        return Response(body, headers=headers, media_type="application/json")
+
+    return [Route("/wfpredict/{workflow}", wfpredict, methods=["POST", "PUT"])]
