@@ -13,6 +13,7 @@ few dictionary lookups and increments, with no lock shared between requests):
 
 Read at scrape time (collectors): queue depth, requests in flight, workers by state and their RSS
 (`_RegistryCollector`), host and GPU gauges (`serve.metrics.system`), the frontend's own process.
+The text format is written by `serve.metrics.exposition`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
-    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from serve.core.jobs import WorkerState
+from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics
 from serve.metrics.system import SystemMetrics, process_rss
 
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 disable_created_metrics()  # the *_created series only double the exposition
-
-# The text format we serve (TorchServe serves 0.0.4 too); Requests2XX-style counters need it.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -354,42 +352,3 @@ class _RegistryCollector:
             for state_name, count in counts.items():
                 workers.add_metric([*key, state_name], count)
         yield from (depth, in_flight, workers, rss)
-
-
-# ----- exposition ------------------------------------------------------------------------------
-
-
-class BareCounter(Metric):
-    """A counter exposed under its own name, without ``_total`` (TorchServe's older names)."""
-
-    def __init__(self, name: str, documentation: str) -> None:
-        super().__init__(name, documentation, "counter")
-
-
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
-
-
-def render(families: Iterable[Metric]) -> bytes:
-    """Text format 0.0.4. `BareCounter` families (TorchServe's ``Requests2XX``) are written by
-    hand: prometheus_client would add ``_total`` to their HELP and TYPE lines."""
-    standard: list[Metric] = []
-    bare: list[str] = []
-    for family in families:
-        if isinstance(family, BareCounter):
-            doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            bare.append(f"# HELP {family.name} {doc}\n# TYPE {family.name} counter\n")
-            for s in family.samples:
-                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-                bare.append(f"{s.name}{{{labels}}} {float(s.value)!r}\n")
-        else:
-            standard.append(family)
-    return generate_latest(_Families(standard)) + "".join(bare).encode()  # type: ignore[arg-type]
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
