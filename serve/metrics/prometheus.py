@@ -33,12 +33,14 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from serve.core.host import process_rss
 from serve.core.jobs import WorkerState
 from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics
-from serve.metrics.system import SystemMetrics, process_rss
+from serve.metrics.system import SystemMetrics
 
 if TYPE_CHECKING:
+    from serve.core.host import GpuSample
     from serve.core.jobs import BatchOutcome, Job
     from serve.core.registry import Registry
 
@@ -223,6 +225,10 @@ class ServerMetrics:
     def worker_recycled(self, model: str, version: str, reason: str) -> None:
         """A healthy worker replaced on purpose (``reason``: ``memory``, its RSS cap)."""
         self.recycles.labels(model, version, reason).inc()
+
+    async def gpu_samples(self) -> list[GpuSample]:
+        """The latest GPU samples (`serve.core.observer.Observer`: memory admission asks)."""
+        return await self.system.gpu_samples()
 
     def custom(self, metrics: list[dict[str, Any]]) -> None:
         """Handler metrics reported by a worker (``batch_done`` passes them on already)."""

@@ -37,7 +37,8 @@ from starlette.responses import Response
 from archiver import open_archive
 from serve.config import Config, ModelSettings
 from serve.core.jobs import BatchItem
-from serve.http.common import NO_CACHE_HEADERS, error_response, parse_bool, parse_int, request_id
+from serve.core.params import parse_bool, parse_int
+from serve.http.common import NO_CACHE_HEADERS, error_response, request_id
 from serve.http.inputs import read_body, read_params, request_timeout
 from serve.http.protocols import error_response as protocol_error_response
 from serve.rayserve import dashboard
