@@ -80,6 +80,7 @@ class Server:
 
     def _apps(self) -> dict[str, Any]:
         from serve.http.auth import TokenAuth
+        from serve.http.token_guard import TokenGuard
 
         if not self.config.disable_token_authorization:
             self.state.auth = TokenAuth.create(self.config)
@@ -89,8 +90,8 @@ class Server:
             "metrics": create_metrics_app(self.state),
         }
         if self.state.auth is not None:
-            apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
-            apps["management"] = self.state.auth.guard(apps["management"], "management")
+            for kind in ("inference", "management"):
+                apps[kind] = TokenGuard(apps[kind], self.state.auth, kind)
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
         apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
