@@ -25,9 +25,9 @@ from serve.http.metrics import create_metrics_app
 from serve.http.protocols import protocol_routes
 from serve.http.server_choice import resolve_http_server
 from serve.http.servers import bind_socket, run_servers
+from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
-from serve.metrics.updates import UpdateCollector
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
