@@ -396,7 +396,7 @@ def oip_item(rid: str, headers: dict[str, str], infer: oip.InferRequest) -> Batc
         headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
     if infer.parameters:
         headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
-    params = [
+    params: list[tuple[str, str | None, bytes]] = [
         (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
     ]
     return BatchItem(rid, headers, params)
