@@ -25,9 +25,9 @@ from serve.http.metrics import create_metrics_app
 from serve.http.protocols import protocol_routes
 from serve.http.server_choice import resolve_http_server
 from serve.http.servers import bind_socket, run_servers
+from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
-from serve.metrics.updates import UpdateCollector
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
@@ -80,6 +80,7 @@ class Server:
 
     def _apps(self) -> dict[str, Any]:
         from serve.http.auth import TokenAuth
+        from serve.http.token_guard import TokenGuard
 
         if not self.config.disable_token_authorization:
             self.state.auth = TokenAuth.create(self.config)
@@ -89,8 +90,8 @@ class Server:
             "metrics": create_metrics_app(self.state),
         }
         if self.state.auth is not None:
-            apps["inference"] = self.state.auth.guard(apps["inference"], "inference")
-            apps["management"] = self.state.auth.guard(apps["management"], "management")
+            for kind in ("inference", "management"):
+                apps[kind] = TokenGuard(apps[kind], self.state.auth, kind)
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
         apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the

@@ -16,7 +16,7 @@ The archive uses the built-in ``base_handler``, which loads the ``.onnx`` file i
 
 from __future__ import annotations
 
-import argparse
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from archiver import build as build_archive
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for examples/_build.py
+from _build import archive, main
 
 MODEL_NAME = "mimo"
 HERE = Path(__file__).resolve().parent
@@ -87,23 +88,14 @@ def build(model_store: Path) -> Path:
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = export(make_model(), Path(tmp) / "text_image.onnx")
-        return build_archive(
+        return archive(
+            model_store,
             model_name=MODEL_NAME,
-            version="1.0",
             handler="base_handler",
             serialized_file=str(onnx_file),
             config_file=str(HERE / "model-config.yaml"),
-            export_path=str(model_store),
-            force=True,
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-store", type=Path, default=Path("model_store"))
-    args = parser.parse_args()
-    print(f"Wrote {build(args.model_store)}")
-
-
 if __name__ == "__main__":
-    main()
+    main(build, __doc__.splitlines()[0])

@@ -11,19 +11,19 @@ trained weights.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from archiver import build as build_archive
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for examples/_build.py
+from _build import LABELS, archive, main
 
 MODEL_NAME = "resnet18"
 SEED = 0
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent / "data"
 
 
 def make_state_dict() -> dict[str, torch.Tensor]:
@@ -43,24 +43,15 @@ def build(model_store: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         weights = Path(tmp) / f"{MODEL_NAME}.pth"
         torch.save(make_state_dict(), weights)
-        return build_archive(
+        return archive(
+            model_store,
             model_name=MODEL_NAME,
-            version="1.0",
             handler="image_classifier",
             model_file=str(HERE / "model.py"),
             serialized_file=str(weights),
-            extra_files=[str(DATA / "index_to_name.json")],
-            export_path=str(model_store),
-            force=True,
+            extra_files=[str(LABELS)],
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-store", type=Path, default=Path("model_store"))
-    args = parser.parse_args()
-    print(f"Wrote {build(args.model_store)}")
-
-
 if __name__ == "__main__":
-    main()
+    main(build, __doc__.splitlines()[0])

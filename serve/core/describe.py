@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from serve.core.host import process_rss
 from serve.core.jobs import WorkerState
 from serve.core.model import ModelVersion
 from serve.core.pool import WorkerInfo
-from serve.metrics.system import process_rss
 
 
 def describe_model(model: ModelVersion) -> dict[str, Any]:

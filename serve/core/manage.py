@@ -16,8 +16,8 @@ from typing import Any
 from serve.config import Config
 from serve.core.describe import describe_model, failed_versions
 from serve.core.model import ModelVersion
+from serve.core.params import parse_bool, parse_int
 from serve.core.registry import Registry
-from serve.http.common import parse_bool, parse_int
 from serve.wire.errors import BadRequest, MethodNotAllowed, error_for_status
 
 MODEL_API_OFF = (

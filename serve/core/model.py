@@ -25,7 +25,7 @@ from serve.worker.process import WorkerProcess, WorkerStartFailed
 from serve.worker.spares import SparePool, worker_base_env
 
 if TYPE_CHECKING:
-    from serve.metrics.prometheus import ServerMetrics
+    from serve.core.observer import Observer
 
 __all__ = ["ModelSource", "ModelVersion", "WorkerSlot", "WorkerStartFailed"]
 
@@ -56,7 +56,7 @@ class ModelVersion:
         settings: ModelSettings,
         config: Config,
         socket_dir: Path,
-        metrics: ServerMetrics | None = None,
+        metrics: Observer | None = None,
         *,
         loaded_at_startup: bool = False,
     ) -> None:

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 from serve.config import ModelSettings
 from serve.core.dispatcher import Worker
+from serve.core.host import process_rss
 from serve.core.jobs import LIVE_STATES, WorkerState
-from serve.metrics.system import process_rss
 from serve.worker.process import WorkerStartFailed
 
 logger = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from archiver import ArchiveError, open_archive
 from serve.config import Config, ModelSettings
 from serve.core import admission
 from serve.core.devices import visible_gpus
+from serve.core.host import process_rss
 from serve.core.jobs import WorkerState
 from serve.core.model import ModelSource, ModelVersion
 from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
-from serve.metrics.system import process_rss
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
     BadRequest,
@@ -43,7 +43,7 @@ from serve.wire.redact import client_message
 from serve.worker.spares import SparePool, worker_base_env
 
 if TYPE_CHECKING:
-    from serve.metrics.prometheus import ServerMetrics
+    from serve.core.observer import Observer
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +76,7 @@ class VersionFailure:
 class Registry:
     """Models by name, each with versions and a default version."""
 
-    def __init__(
-        self, config: Config, work_dir: Path, metrics: ServerMetrics | None = None
-    ) -> None:
+    def __init__(self, config: Config, work_dir: Path, metrics: Observer | None = None) -> None:
         self.config = config
         self.work_dir = work_dir
         self.metrics = metrics
@@ -355,7 +353,7 @@ class Registry:
         if not devices or need is None or self.metrics is None:
             return  # a CPU model, or nothing known of its GPU use yet: not checked
         free = {}
-        for sample in await self.metrics.system.gpu_samples():
+        for sample in await self.metrics.gpu_samples():
             total, used = sample.memory_total, sample.memory_used
             if sample.index.isdigit() and total is not None and used is not None:
                 free[int(sample.index)] = int(total - used)

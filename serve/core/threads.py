@@ -1,9 +1,10 @@
 """One intra-op thread budget for every worker of the server, not one per model.
 
-Each worker's torch / ONNX Runtime / OpenMP pool used to get the cores divided among *its own
-model's* workers, so four one-worker models on two cores ran eight threads. `budget_threads`
-divides the cores the server may use among every worker of every model; a model's ``numThreads``
-(``num_threads``) overrides its share and is taken off the top. The rule, as a pure function:
+Dividing the cores among one model's workers alone would oversubscribe a server of several models
+(four one-worker models on two cores would run eight torch / ONNX Runtime / OpenMP threads), so
+`budget_threads` divides the cores the server may use among every worker of every model; a
+model's ``numThreads`` (``num_threads``) overrides its share and is taken off the top. The rule,
+as a pure function:
 
 * workers of models with an override get exactly that many threads each;
 * the cores left (never below zero) are split evenly among all other workers, rounded down;

@@ -3,7 +3,8 @@
 ``key_file.json`` (mode 0600) holds three keys: ``management`` and ``inference``, each with an
 ``expiration time`` (``token_expiration_min``), and ``API`` (no expiry; only for
 ``GET /token?type=management|inference`` on the management port, which replaces that key). Clients
-send ``Authorization: Bearer <key>``. Health, readiness and API-description routes never need one.
+send ``Authorization: Bearer <key>``. Health, readiness and API-description routes never need one
+(the HTTP guard is `serve.http.token_guard`).
 """
 
 from __future__ import annotations
@@ -12,25 +13,14 @@ import datetime as dt
 import hmac
 import json
 import os
-import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from serve.config import Config
-from serve.http.common import error_response, json_response
-from serve.wire.errors import BadRequest, MethodNotAllowed, ServeError, Unauthorized
+from serve.wire.errors import BadRequest, Unauthorized
 
-Scope = dict[str, Any]
-
-# Health, readiness and API descriptions answer without a token (TorchServe guards /ping).
-_OPEN_PATHS = re.compile(
-    r"^/(ping|api-description|v2/health/(live|ready)|v2/models/[^/]+(/versions/[^/]+)?/ready"
-    r"|v2/?)$"
-)
-# KServe v1 model readiness (GET /v1/models/{m}); `m:predict` and friends are POSTs and guarded.
-_READINESS = re.compile(r"^/v1/models/[^/:]+(:ready)?$")
 _FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 
 
@@ -52,7 +42,8 @@ class _Key:
 
 
 class TokenAuth:
-    """The three keys, the key file and the ASGI guard that checks them."""
+    """The three keys and the key file; `serve.http.token_guard` checks HTTP requests against
+    them, ``serve.grpc.calls`` gRPC calls."""
 
     def __init__(
         self, key_file: Path, ttl_minutes: float, fixed: dict[str, str] | None = None
@@ -112,46 +103,3 @@ class TokenAuth:
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not self.keys[kind].matches(token.strip()):
             raise Unauthorized(_FAILED, headers={"WWW-Authenticate": "Bearer"})
-
-    def guard(self, app: Any, kind: str) -> Any:
-        """Wrap an ASGI app so every request but the open ones needs ``kind``'s key."""
-        auth = self
-
-        async def guarded(scope: Scope, receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                await app(scope, receive, send)
-                return
-            path, method = scope["path"], scope["method"]
-            if _is_open(method, path):
-                await app(scope, receive, send)
-                return
-            headers = dict(scope["headers"])
-            try:
-                if kind == "management" and path == "/token":
-                    auth.check("API", headers)
-                    if method != "GET":
-                        raise MethodNotAllowed(
-                            "Requested method is not allowed, please refer to API document."
-                        )
-                    await json_response(auth.rotate(_query_type(scope)))(scope, receive, send)
-                    return
-                auth.check(kind, headers)
-            except ServeError as err:
-                await error_response(err)(scope, receive, send)
-                return
-            await app(scope, receive, send)
-
-        return guarded
-
-
-def _is_open(method: str, path: str) -> bool:
-    if _OPEN_PATHS.match(path) or (method == "OPTIONS" and path == "/"):
-        return True
-    return method in ("GET", "HEAD") and _READINESS.match(path) is not None
-
-
-def _query_type(scope: Scope) -> str:
-    from urllib.parse import parse_qs
-
-    values = parse_qs(scope.get("query_string", b"").decode()).get("type", [""])
-    return values[0]

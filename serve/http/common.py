@@ -98,21 +98,3 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     HTTPException: handle_http_exception,
     Exception: handle_unexpected,
 }
-
-
-def parse_bool(value: str | None, default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    return value.strip().lower() in ("true", "1", "yes", "on")
-
-
-def parse_int(params: Any, name: str, default: int | None = None) -> int | None:
-    from serve.wire.errors import BadRequest
-
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise BadRequest(f"Parameter {name} must be an integer, got {raw!r}") from None

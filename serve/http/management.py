@@ -18,13 +18,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from serve.core import manage
-from serve.http.common import (
-    EXCEPTION_HANDLERS,
-    ServerState,
-    json_response,
-    parse_bool,
-    parse_int,
-)
+from serve.core.params import parse_bool, parse_int
+from serve.http.common import EXCEPTION_HANDLERS, ServerState, json_response
 from serve.http.inputs import read_body
 from serve.http.openapi import management_description
 from serve.wire.errors import BadRequest

@@ -8,7 +8,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from serve.http.common import EXCEPTION_HANDLERS, ServerState
-from serve.metrics.prometheus import CONTENT_TYPE
+from serve.metrics.exposition import CONTENT_TYPE
 
 
 def create_metrics_app(state: ServerState) -> Starlette:

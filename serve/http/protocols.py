@@ -255,10 +255,9 @@ class _Protocols:
         rid = request_id(request)
         path = request.path_params
         name, version = path["model"], path.get("version")
-        model = self.registry.get(name, version)
-        started = time.perf_counter()
-        status = 500
-        try:
+        self.registry.get(name, version)  # an unknown model is a 404 before the body is read
+
+        async def answer() -> Response:
             body = await read_body(request, self.state.config.max_request_size)
             length = oip.header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
             limit = self.state.config.max_request_elements
@@ -277,9 +276,21 @@ class _Protocols:
                 tensors,
             )
             self._check_size(payload)
-            status = 200
             headers = {**NO_CACHE_HEADERS, **extra, "x-request-id": rid}
             return Response(payload, 200, headers=headers)
+
+        return await self._counted(name, version, rid, answer)
+
+    async def _counted(
+        self, name: str, version: str | None, rid: str, answer: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        """``answer()``, a ServeError it raises answered as ``{"error"}``; counted either way."""
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await answer()
+            status = response.status_code
+            return response
         except ServeError as err:
             status = err.status_code
             return error_response(err, rid)
@@ -324,10 +335,9 @@ class _Protocols:
             raise NotFound(f"Unsupported request {what}; use :predict or :explain.")
         name, version = (path["model"], target) if "model" in path else (target, None)
         _label(request, name, version)
-        model = self.registry.get(name, version)
-        started = time.perf_counter()
-        status = 500
-        try:
+        self.registry.get(name, version)  # an unknown model is a 404 before the body is read
+
+        async def answer() -> Response:
             body = await read_body(request, self.state.config.max_request_size)
             headers = _forward_headers(request, KSERVE_V1)
             headers[MAX_ELEMENTS_HEADER] = str(self.state.config.max_request_elements)
@@ -337,20 +347,14 @@ class _Protocols:
             model = self.registry.get(name, version)  # the default may have moved meanwhile
             result = await model.submit(item, _timeout(request))
             self._check_size(result.body)
-            status = result.status
             return Response(
                 result.body,
                 result.status,
                 headers={**NO_CACHE_HEADERS, "x-request-id": rid},
                 media_type="application/json",
             )
-        except ServeError as err:
-            status = err.status_code
-            return error_response(err, rid)
-        finally:
-            self.state.metrics.request_done(
-                name, version or "default", status, time.perf_counter() - started
-            )
+
+        return await self._counted(name, version, rid, answer)
 
 
 async def model_metadata(model: ModelVersion, rid: str) -> dict[str, Any]:
@@ -381,15 +385,21 @@ async def run_oip(
 
     ``headers`` are the client's, with ``PROTOCOL_HEADER`` set to ``OIP``.
     """
+    result = await model.submit(oip_item(rid, headers, infer), timeout)
+    return _tensors(result)
+
+
+def oip_item(rid: str, headers: dict[str, str], infer: oip.InferRequest) -> BatchItem:
+    """A parsed OIP request as the batch item a worker gets: its input tensors, and the outputs
+    and parameters it asks for in ``headers`` (which it adds to)."""
     if infer.outputs is not None:
         headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
     if infer.parameters:
         headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
-    params = [
+    params: list[tuple[str, str | None, bytes]] = [
         (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
     ]
-    result = await model.submit(BatchItem(rid, headers, params), timeout)
-    return _tensors(result)
+    return BatchItem(rid, headers, params)
 
 
 def _label(request: Request, name: str, version: str | None) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
 from serve.metrics.config import MetricsPolicy
+from serve.metrics.exposition import BareCounter
 
 logger = logging.getLogger(__name__)
 metrics_log = logging.getLogger("serve.worker.metrics")  # the model log, as TorchServe's log mode
@@ -186,10 +188,6 @@ class HandlerMetrics:
         return series
 
     def collect(self) -> Iterator[Metric]:
-        from serve.metrics.prometheus import (
-            BareCounter,  # serve.metrics.prometheus imports this module
-        )
-
         for family in list(self._by_key.values()):
             doc = f"Torchserve prometheus {family.kind} metric with unit: {family.unit or 'unit'}"
             if family.kind == "counter":  # TorchServe's name as it is: no _total added
@@ -226,8 +224,6 @@ def _add_histogram_samples(
 
 def _log_record(raw: str, rec: dict[str, Any], value: float, dims: dict, hostname: str) -> None:
     """TorchServe's metric log line: ``Name.Unit:value|#dim:val,...|#hostname:h,timestamp``."""
-    import time
-
     dimensions = ",".join(f"{k}:{v}" for k, v in dims.items())
     unit = rec.get("unit") or "unit"
     metrics_log.info(

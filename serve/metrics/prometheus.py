@@ -12,7 +12,8 @@ few dictionary lookups and increments, with no lock shared between requests):
 * handler metrics (``context.metrics.add_*``) under their own, sanitised names (`HandlerMetrics`).
 
 Read at scrape time (collectors): queue depth, requests in flight, workers by state and their RSS
-(`_RegistryCollector`), host and GPU gauges (`serve.metrics.system`), the frontend's own process.
+(`ServingCollector`), host and GPU gauges (`serve.metrics.system`), the frontend's own process.
+The text format is written by `serve.metrics.exposition`.
 """
 
 from __future__ import annotations
@@ -28,25 +29,22 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
-    generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from serve.core.jobs import WorkerState
+from serve.metrics.collectors import ServingCollector
+from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics
-from serve.metrics.system import SystemMetrics, process_rss
+from serve.metrics.system import SystemMetrics
 
 if TYPE_CHECKING:
+    from serve.core.host import GpuSample
     from serve.core.jobs import BatchOutcome, Job
     from serve.core.registry import Registry
 
 logger = logging.getLogger(__name__)
 
 disable_created_metrics()  # the *_created series only double the exposition
-
-# The text format we serve (TorchServe serves 0.0.4 too); Requests2XX-style counters need it.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -68,7 +66,6 @@ _LATENCY_BUCKETS = (
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _MAX_PHASES = 16  # handler_timings keys come from handler code: keep the label set bounded
-_WORKER_STATES = ("STARTING", "READY", "BUSY", "STOPPING", "DEAD")
 
 
 class _RequestSeries:
@@ -160,7 +157,7 @@ class ServerMetrics:
     def bind(self, serving: Registry) -> None:
         """Read queue and worker gauges from ``serving`` when scraped; resolve default versions."""
         self.serving = serving
-        self.registry.register(_RegistryCollector(serving))
+        self.registry.register(ServingCollector(serving))
 
     # ----- the request path ----------------------------------------------------------------
 
@@ -225,6 +222,10 @@ class ServerMetrics:
     def worker_recycled(self, model: str, version: str, reason: str) -> None:
         """A healthy worker replaced on purpose (``reason``: ``memory``, its RSS cap)."""
         self.recycles.labels(model, version, reason).inc()
+
+    async def gpu_samples(self) -> list[GpuSample]:
+        """The latest GPU samples (`serve.core.observer.Observer`: memory admission asks)."""
+        return await self.system.gpu_samples()
 
     def custom(self, metrics: list[dict[str, Any]]) -> None:
         """Handler metrics reported by a worker (``batch_done`` passes them on already)."""
@@ -312,84 +313,3 @@ class TorchServeCounters:
                 labels = {"model_name": model, "model_version": version, "hostname": self.hostname}
                 metric.add_sample(name, labels, tally.value)
             yield metric
-
-
-class _RegistryCollector:
-    """Queue depth, requests in flight, workers by state and worker RSS, read when scraped."""
-
-    def __init__(self, serving: Registry) -> None:
-        self.serving = serving
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        model = ["model", "version"]
-        depth = GaugeMetricFamily(
-            "serve_queue_depth", "Requests waiting for a worker.", labels=model
-        )
-        in_flight = GaugeMetricFamily(
-            "serve_requests_in_flight", "Requests queued or running.", labels=model
-        )
-        workers = GaugeMetricFamily(
-            "serve_workers", "Worker processes by state.", labels=[*model, "state"]
-        )
-        rss = GaugeMetricFamily(
-            "serve_worker_resident_memory_bytes",
-            "Resident memory of each worker process.",
-            labels=[*model, "worker"],
-        )
-        for mv in self.serving.all_versions():
-            key = [mv.name, mv.version]
-            depth.add_metric(key, mv.pending_requests())
-            in_flight.add_metric(key, mv.in_flight)
-            counts = dict.fromkeys(_WORKER_STATES, 0)
-            for info in mv.workers():
-                state = info.state
-                counts[state.value] = counts.get(state.value, 0) + 1
-                if info.pid is not None and state is not WorkerState.DEAD:
-                    value = process_rss(info.pid)
-                    if value is not None:
-                        rss.add_metric([*key, info.worker_id], value)
-            for state_name, count in counts.items():
-                workers.add_metric([*key, state_name], count)
-        yield from (depth, in_flight, workers, rss)
-
-
-# ----- exposition ------------------------------------------------------------------------------
-
-
-class BareCounter(Metric):
-    """A counter exposed under its own name, without ``_total`` (TorchServe's older names)."""
-
-    def __init__(self, name: str, documentation: str) -> None:
-        super().__init__(name, documentation, "counter")
-
-
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
-
-
-def render(families: Iterable[Metric]) -> bytes:
-    """Text format 0.0.4. `BareCounter` families (TorchServe's ``Requests2XX``) are written by
-    hand: prometheus_client would add ``_total`` to their HELP and TYPE lines."""
-    standard: list[Metric] = []
-    bare: list[str] = []
-    for family in families:
-        if isinstance(family, BareCounter):
-            doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            bare.append(f"# HELP {family.name} {doc}\n# TYPE {family.name} counter\n")
-            for s in family.samples:
-                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-                bare.append(f"{s.name}{{{labels}}} {float(s.value)!r}\n")
-        else:
-            standard.append(family)
-    return generate_latest(_Families(standard)) + "".join(bare).encode()  # type: ignore[arg-type]
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from serve.core.host import GpuSample, read_meminfo
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +25,6 @@ _GPU_TTL = 2.0  # seconds a GPU sample is reused; nvidia-smi itself takes tens o
 _GPU_RETRY = 60.0  # seconds before trying again after nvidia-smi failed
 _GPU_TIMEOUT = 5.0
 _MIB = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSample:
-    index: str
-    uuid: str
-    memory_used: float | None  # bytes
-    memory_total: float | None  # bytes
-    utilization: float | None  # percent
 
 
 def parse_nvidia_smi(text: str) -> list[GpuSample]:
@@ -77,36 +68,6 @@ def read_cpu_times() -> tuple[int, int] | None:
     idle = values[3] + values[4]  # idle + iowait
     total = sum(values)
     return total - idle, total
-
-
-def read_meminfo() -> dict[str, int]:
-    """MemTotal and MemAvailable in bytes (empty where /proc/meminfo is missing)."""
-    found: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo", "rb") as fh:
-            for line in fh:
-                key, _, rest = line.partition(b":")
-                if key in (b"MemTotal", b"MemAvailable"):
-                    found[key.decode()] = int(rest.split()[0]) * 1024
-                    if len(found) == 2:
-                        break
-    except (OSError, ValueError, IndexError):
-        return {}
-    return found
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def process_rss(pid: int | None) -> int | None:
-    """Resident set size of a process in bytes, or None when it is gone."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class SystemMetrics:

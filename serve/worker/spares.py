@@ -1,12 +1,11 @@
 """Warm spare worker interpreters: started, with torch imported, before a worker is needed.
 
-A worker used to be a fresh ``python -m serve.worker`` that imported torch (1–2 s of CPU) before it
-could load its model, so a crashed worker's replacement, or a scale-up, took 1.2–2.2 s to be
-READY. A spare is the same interpreter started ahead of time, ``python -m serve.worker --spare``:
-it imports the heavy frameworks (of `PRELOADABLE`, those the server's workers use), says
-``SPARE-READY`` on stdout and waits for one line
-on stdin, the worker's spec. From then on it is an ordinary worker (same code, same socket
-protocol); the pool starts the next spare in the background.
+Importing torch takes 1–2 s of CPU: a fresh ``python -m serve.worker`` that paid it before loading
+its model would make a crashed worker's replacement, or a scale-up, 1.2–2.2 s from READY. A spare
+is the same interpreter started ahead of time, ``python -m serve.worker --spare``: it imports the
+heavy frameworks (of `PRELOADABLE`, those the server's workers use), says ``SPARE-READY`` on
+stdout and waits for one line on stdin, the worker's spec. From then on it is an ordinary worker
+(same code, same socket protocol); the pool starts the next spare in the background.
 
 Why not fork a zygote that has imported torch: a fork inherits every thread and lock of its
 parent, and torch's (OpenMP, CUDA) must never be forked once initialised; a spare is a fresh

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serve.core.host import process_rss
 from serve.core.jobs import BatchItem, BatchOutcome, Job
+from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics, sanitize_name
-from serve.metrics.prometheus import BareCounter, ServerMetrics, render
-from serve.metrics.system import SystemMetrics, parse_nvidia_smi, process_rss
+from serve.metrics.prometheus import ServerMetrics
+from serve.metrics.system import SystemMetrics, parse_nvidia_smi
 
 
 def parse(body: bytes) -> dict[str, object]:

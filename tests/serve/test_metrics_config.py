@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.config import Config, ConfigError
 from serve.metrics.config import MetricSpec, MetricsPolicy, load_policy
+from serve.metrics.exposition import render
 from serve.metrics.handler import HandlerMetrics
-from serve.metrics.prometheus import render
 
 YAML = """
 dimensions:
