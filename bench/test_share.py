@@ -4,8 +4,8 @@ A test module (``tests/**/test_*.py``) counts as starting real processes when it
 of `MARKERS`: the real-server helper (`tests.support.server.LanternServer`), the CLI run as a
 subprocess (``-m serve.cli``, the container's entrypoint), a worker process (`WorkerProcess`,
 ``-m serve.worker``, the worker-spec and arena helpers), the Ray cluster, or the HTTP servers over
-sockets (`run_servers`). Building an archive with `tests.support.server.build_archive` alone does not count:
-it starts nothing. Lines are physical lines, blank ones included, as ``wc -l`` counts them.
+sockets (`run_servers`). Building an archive with `tests.support.server.build_archive` alone does
+not count: it starts nothing. Lines are physical lines, blank ones included (``wc -l``).
 
     python -m bench.test_share [--list]
 """

@@ -1,4 +1,4 @@
-"""Workers that answer from Python, behind the registry's worker seam (`serve.core.model.WorkerFactory`).
+"""Workers that answer from Python, behind the registry's seam (`serve.core.model.WorkerFactory`).
 
 `FakeWorkers` is a worker factory: a `Registry` or `Server` given one runs unchanged (pool,
 dispatcher, batching, lifecycle, the HTTP apps), but every worker is a `FakeWorker` whose batches a
@@ -101,24 +101,6 @@ def fails_to_load(message: str) -> Load:
         raise WorkerStartFailed(f"Worker {worker.worker_id} failed to load: {message}")
 
     return load
-
-
-class Gate:
-    """Holds every batch until the test opens it: a worker that is busy as long as it must be."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.waiting = 0
-        self.arrived = asyncio.Event()  # set once a batch waits here
-
-    def open(self) -> None:
-        self.opened.set()
-
-    async def answer(self, worker: FakeWorker, items: list[BatchItem]) -> list[ItemResult | ServeError]:
-        self.waiting += len(items)
-        self.arrived.set()
-        await self.opened.wait()
-        return [json_result({"echo": body_text(it), "batch": len(items)}) for it in items]
 
 
 class FakeWorker:

@@ -69,7 +69,9 @@ async def in_process(config: Config, workers: FakeWorkers | None = None) -> Asyn
     }
     try:
         await server.load_startup_models()
-        yield Lantern(server, fakes, clients["inference"], clients["management"], clients["metrics"])
+        yield Lantern(
+            server, fakes, clients["inference"], clients["management"], clients["metrics"]
+        )
     finally:
         for client in clients.values():
             await client.aclose()
