@@ -75,7 +75,7 @@ async def echo(worker: FakeWorker, items: list[BatchItem]) -> list[ItemResult | 
     out: list[ItemResult | ServeError] = []
     for item, text in zip(items, texts, strict=True):
         status = int(text.split()[1]) if text.startswith("status ") else 200
-        query = {name: value.decode() for name, _, value in item.params if name != "body"}
+        query = {n: v.decode() for n, _, v in item.params if n not in ("body", "data")}
         out.append(
             json_result(
                 {
