@@ -1,7 +1,8 @@
 """A whole Lantern frontend in the test's own event loop: `serve.server.Server` with fake workers.
 
 The apps are the ones the listeners serve (edge middleware included), called through httpx's ASGI
-transport; the registry builds its workers through `tests.support.fake_workers.FakeWorkers`. No
+transport; the registry builds its workers through `tests.support.fake_workers.FakeWorkers` (or
+`tests.support.inline_workers.InlineWorkers`: the real handler, in this process). No
 socket, no process: what this shows is the logic above the worker seam. `tests/support/server.py`
 starts the real thing for what only it shows.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 
 from serve.config import Config
+from serve.core.model import WorkerFactory
 from serve.server import Server
 from tests.support.fake_workers import FakeWorkers
 
@@ -45,7 +47,7 @@ class Lantern:
     """The server and one client per app (``inference``, ``management``, ``metrics``)."""
 
     server: Server
-    workers: FakeWorkers
+    workers: Any  # the worker factory: FakeWorkers, InlineWorkers
     inference: httpx.AsyncClient
     management: httpx.AsyncClient
     metrics: httpx.AsyncClient
@@ -56,7 +58,9 @@ class Lantern:
 
 
 @contextlib.asynccontextmanager
-async def in_process(config: Config, workers: FakeWorkers | None = None) -> AsyncIterator[Lantern]:
+async def in_process(
+    config: Config, workers: WorkerFactory | None = None
+) -> AsyncIterator[Lantern]:
     """Build the server, load its startup models, yield it; stop every worker afterwards."""
     fakes = workers or FakeWorkers()
     server = Server(config, worker_factory=fakes)
