@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ class Lantern:
     inference: httpx.AsyncClient
     management: httpx.AsyncClient
     metrics: httpx.AsyncClient
+    server_apps: dict[str, Any]  # the ASGI apps themselves, by name
 
     @property
     def registry(self) -> Any:
@@ -74,7 +77,7 @@ async def in_process(
     try:
         await server.load_startup_models()
         yield Lantern(
-            server, fakes, clients["inference"], clients["management"], clients["metrics"]
+            server, fakes, clients["inference"], clients["management"], clients["metrics"], apps
         )
     finally:
         for client in clients.values():
@@ -101,3 +104,91 @@ async def until(condition: Callable[[], bool], limit: float = 10.0) -> None:
     async with asyncio.timeout(limit):
         while not condition():
             await asyncio.sleep(0.001)
+
+
+async def _cancel_the_rest() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _SyncASGITransport(httpx.BaseTransport):
+    """A synchronous httpx transport onto an ASGI app that runs on another thread's loop."""
+
+    def __init__(self, app: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = httpx.ASGITransport(app=app)
+        self._loop = loop
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def call() -> httpx.Response:
+            response = await self._transport.handle_async_request(request)
+            body = await response.aread()
+            return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+
+
+class _Records(logging.Handler):
+    """Every log record while the server runs, as text, for what a test reads in "the log"."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+class ThreadedLantern:
+    """`in_process` on an event loop of its own thread, for synchronous tests that share one
+    server (a module fixture): ``client(app)`` gives an `httpx.Client` onto one of its apps."""
+
+    def __init__(self, config: Config, workers: WorkerFactory | None = None) -> None:
+        self._context = in_process(config, workers)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._records = _Records()
+        self._clients: list[httpx.Client] = []
+        self.lantern: Lantern | None = None
+
+    def call(self, work: Awaitable[Any], timeout: float = 120.0) -> Any:
+        """Run ``work`` on the server's loop; its result."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    def __enter__(self) -> ThreadedLantern:
+        self._thread.start()
+        root = logging.getLogger()
+        root.addHandler(self._records)
+        self._level = root.level
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+        self.lantern = self.call(self._context.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for client in self._clients:
+            client.close()
+        try:
+            self.call(self._context.__aexit__(None, None, None))
+            self.call(_cancel_the_rest())  # as asyncio.run does: batches still on a thread
+        finally:
+            logging.getLogger().removeHandler(self._records)
+            logging.getLogger().setLevel(self._level)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop.close()
+
+    def client(self, app: str, timeout: float = 60.0) -> httpx.Client:
+        assert self.lantern is not None
+        app_object = self.lantern.server_apps[app]
+        client = httpx.Client(
+            transport=_SyncASGITransport(app_object, self._loop),
+            base_url=f"http://{app}",
+            timeout=timeout,
+        )
+        self._clients.append(client)
+        return client
+
+    def log_text(self) -> str:
+        return "\n".join(self._records.lines)
