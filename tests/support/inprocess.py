@@ -26,9 +26,11 @@ from serve.server import Server
 from tests.support.fake_workers import FakeWorkers
 
 
-def test_config(root: Path, store: Path | None, **overrides: Any) -> Config:
+def test_config(
+    root: Path, store: Path | None, *, ts_config: Path | None = None, **overrides: Any
+) -> Config:
     """What ``serve start --disable-token-auth --ncs --no-grpc`` gives, in folders under ``root``,
-    the environment left out."""
+    the environment left out; ``ts_config`` is a TorchServe config.properties (``--ts-config``)."""
     values: dict[str, Any] = {
         "model_store": str(store) if store else None,
         "log_dir": str(root / "logs"),
@@ -38,7 +40,7 @@ def test_config(root: Path, store: Path | None, **overrides: Any) -> Config:
         "enable_grpc": False,
         **overrides,
     }
-    return Config.load(env={}, overrides=values)
+    return Config.load(ts_config_file=ts_config, env={}, overrides=values)
 
 
 test_config.__test__ = False  # type: ignore[attr-defined]  # a helper, not a pytest test
