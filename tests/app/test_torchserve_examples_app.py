@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from tests.e2e.test_torchserve_archives import real_archiver
+from tests.app.test_torchserve_archives import real_archiver
 from tests.support.inline_workers import InlineWorkers
 from tests.support.inprocess import ThreadedLantern, test_config
 from tests.support.server import DATA
