@@ -147,8 +147,12 @@ class ThreadedLantern:
     """`in_process` on an event loop of its own thread, for synchronous tests that share one
     server (a module fixture): ``client(app)`` gives an `httpx.Client` onto one of its apps."""
 
-    def __init__(self, config: Config, workers: WorkerFactory | None = None) -> None:
+    def __init__(
+        self, config: Config, workers: WorkerFactory | None = None, *, grpc: bool = False
+    ) -> None:
         self._context = in_process(config, workers)
+        self._grpc = grpc
+        self._grpc_servers: Any = None  # serve.grpc.server.GrpcServers once started
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._records = _Records()
@@ -166,12 +170,37 @@ class ThreadedLantern:
         self._level = root.level
         root.setLevel(min(root.level or logging.INFO, logging.INFO))
         self.lantern = self.call(self._context.__aenter__())
+        if self._grpc:
+            self._grpc_servers = self.call(self._start_grpc())
         return self
+
+    async def _start_grpc(self) -> Any:
+        """TorchServe's gRPC listeners on this loop, as `Server.serve` starts them (the ports
+        are the config's: 0 picks free ones)."""
+        from serve.grpc.server import GrpcServers
+
+        assert self.lantern is not None
+        server = self.lantern.server
+        servers = GrpcServers(server.state, server.stop_event)
+        await servers.start()
+        return servers
+
+    @property
+    def grpc_inference(self) -> str:
+        return str(self._grpc_servers.addresses["grpc_inference"])
+
+    @property
+    def grpc_management(self) -> str:
+        return str(self._grpc_servers.addresses["grpc_management"])
 
     def __exit__(self, *exc: object) -> None:
         for client in self._clients:
             client.close()
         try:
+            if self._grpc_servers is not None:
+                assert self.lantern is not None
+                self._loop.call_soon_threadsafe(self.lantern.server.stop_event.set)
+                self.call(self._grpc_servers.wait_stopped())
             self.call(self._context.__aexit__(None, None, None))
             self.call(_cancel_the_rest())  # as asyncio.run does: batches still on a thread
         finally:
