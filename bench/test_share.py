@@ -7,7 +7,11 @@ subprocess (``-m serve.cli``, the container's entrypoint), a worker process (`Wo
 sockets (`run_servers`). Building an archive with `tests.support.server.build_archive` alone does
 not count: it starts nothing. Lines are physical lines, blank ones included (``wc -l``).
 
-    python -m bench.test_share [--list]
+``--servers-only`` counts the narrower way: only modules that start a Lantern server process
+(`LanternServer`, the CLI, the container entrypoint), not those that start bare worker processes
+or Ray.
+
+    python -m bench.test_share [--list] [--servers-only] [--tests DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ MARKERS = re.compile(
     r"|WorkerProcess|[\"']serve\.worker[\"']|tests\.support\.(?:worker_spec|arena)"
     r"|run_servers|ray_cluster|ray\.init"
 )
+SERVER_MARKERS = re.compile(
+    r"LanternServer|[\"']serve\.cli[\"']|serve\.cli\.main|STAGE\.entrypoint"
+)
 
 
 @dataclass(frozen=True)
@@ -37,19 +44,19 @@ class Share:
         return 100.0 * self.real_lines / self.total_lines if self.total_lines else 0.0
 
 
-def starts_processes(source: str) -> bool:
+def starts_processes(source: str, markers: re.Pattern[str] = MARKERS) -> bool:
     """Whether a test module's source starts a server, the CLI or a worker process."""
-    return MARKERS.search(source) is not None
+    return markers.search(source) is not None
 
 
-def measure(tests: Path) -> Share:
+def measure(tests: Path, markers: re.Pattern[str] = MARKERS) -> Share:
     real: list[tuple[str, int]] = []
     total = 0
     for path in sorted(tests.rglob("test_*.py")):
         source = path.read_text()
         lines = source.count("\n")
         total += lines
-        if starts_processes(source):
+        if starts_processes(source, markers):
             real.append((str(path.relative_to(tests.parent)), lines))
     return Share(sum(n for _, n in real), total, real)
 
@@ -58,14 +65,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=Path, default=REPO / "tests")
     parser.add_argument("--list", action="store_true", help="list the modules counted as real")
+    parser.add_argument("--servers-only", action="store_true", help="Lantern server processes only")
     args = parser.parse_args()
-    share = measure(args.tests)
+    share = measure(args.tests, SERVER_MARKERS if args.servers_only else MARKERS)
     if args.list:
         for name, lines in sorted(share.real_files, key=lambda f: -f[1]):
             print(f"{lines:6d}  {name}")
     print(
         f"{share.real_lines} of {share.total_lines} test lines ({share.percent:.1f}%) are in "
-        f"{len(share.real_files)} modules that start real servers or workers"
+        f"{len(share.real_files)} modules that start "
+        + ("Lantern server processes" if args.servers_only else "real servers or workers")
     )
 
 
