@@ -381,6 +381,13 @@ async def run_oip(
 
     ``headers`` are the client's, with ``PROTOCOL_HEADER`` set to ``OIP``.
     """
+    result = await model.submit(oip_item(rid, headers, infer), timeout)
+    return _tensors(result)
+
+
+def oip_item(rid: str, headers: dict[str, str], infer: oip.InferRequest) -> BatchItem:
+    """The batch item of a parsed OIP request: the outputs it asks for and its parameters join
+    ``headers``, its input tensors become the parameters (the Ray adapter builds its own too)."""
     if infer.outputs is not None:
         headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
     if infer.parameters:
@@ -388,8 +395,7 @@ async def run_oip(
     params = [
         (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
     ]
-    result = await model.submit(BatchItem(rid, headers, params), timeout)
-    return _tensors(result)
+    return BatchItem(rid, headers, params)
 
 
 def _label(request: Request, name: str, version: str | None) -> None:

@@ -40,13 +40,14 @@ from serve.core.jobs import BatchItem
 from serve.http.common import NO_CACHE_HEADERS, error_response, parse_bool, parse_int, request_id
 from serve.http.inputs import read_body, read_params, request_timeout
 from serve.http.protocols import error_response as protocol_error_response
+from serve.http.protocols import oip_item
 from serve.rayserve import dashboard
 from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
-from serve.wire import KSERVE_V1, OIP, OUTPUTS_HEADER, PARAMETERS_HEADER, PROTOCOL_HEADER, oip
+from serve.wire import KSERVE_V1, OIP, PROTOCOL_HEADER, oip
 from serve.wire.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
 from serve.wire.frames import Frame, predict_frame
-from serve.wire.tensor_params import decode_bundle, is_bundle, tensor_content_type
+from serve.wire.tensor_params import decode_bundle, is_bundle
 
 logger = logging.getLogger("ray.serve")
 
@@ -265,18 +266,11 @@ class LanternIngress:
         infer = oip.parse_request(
             body, oip.header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
         )
-        headers = _protocol_headers(request, OIP)
-        if infer.outputs is not None:
-            headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
-        if infer.parameters:
-            headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
-        params = [
-            (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
-        ]
+        item = oip_item(rid, _protocol_headers(request, OIP), infer)
         timeout = request_timeout(request)
         if infer.timeout_us:
             timeout = min(filter(None, (timeout, infer.timeout_us / 1e6)))
-        result = await self.submit(entry, BatchItem(rid, headers, params), timeout)
+        result = await self.submit(entry, item, timeout)
         if not is_bundle(result["ct"]):
             raise ServeError("The model did not answer with tensors.")
         tensors = decode_bundle(result["body"], result["ct"] or "")
