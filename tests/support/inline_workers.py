@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
 from serve.wire.errors import WorkerDied
@@ -28,6 +28,7 @@ from serve.worker.warmup import WarmupFailed, run_warmup
 if TYPE_CHECKING:
     from serve.core.model import ModelVersion
     from serve.core.pool import WorkerSlot
+    from serve.worker.main import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class InlineWorker:
         frame = predict_frame(self._seq, items)
         loop = asyncio.get_running_loop()
 
-        self._context.intermediate_sink = _chunk_sender(_Partials(loop, on_partial), self._seq)
+        partials = cast("Connection", _Partials(loop, on_partial))  # the sender only calls send
+        self._context.intermediate_sink = _chunk_sender(partials, self._seq)
         decode = self.spec.get("decode_input_request", True)
         result = await asyncio.to_thread(run_batch, self._service, self._context, frame, decode)
         if self._exited.is_set():
