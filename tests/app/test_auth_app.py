@@ -168,7 +168,7 @@ def test_model_api_is_off_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyP
                 "--enable-model-api.",
             }
         # Scaling and describing are not part of the model API: they stay available.
-        params = {"min_worker": 1, "synchronous": "true"}
+        params: dict[str, Any] = {"min_worker": 1, "synchronous": "true"}
         scaled = await api.put("/models/echo", params=params, headers=headers)
         assert scaled.status_code == 200
 

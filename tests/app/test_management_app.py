@@ -334,7 +334,7 @@ def test_list_models_paging(tmp_path: Path) -> None:
         token: str | None = "0"
         pages = 0
         while token is not None:
-            params = {"limit": 2, "next_page_token": token}
+            params: dict[str, Any] = {"limit": 2, "next_page_token": token}
             body = (await api.get("/models", params=params)).json()
             assert len(body["models"]) <= 2
             seen += [m["modelName"] for m in body["models"]]
@@ -379,20 +379,21 @@ def test_error_status_codes(tmp_path: Path) -> None:
 
         response = await register(api, "echo.mar", model_name="codes", initial_workers=1)
         assert response.status_code == 200
-        for params, code in (
-            ({"min_worker": 3, "max_worker": 1}, 400),
-            ({"min_worker": -1}, 400),
-            ({"min_worker": "two"}, 400),
-        ):
-            assert_error(await api.put("/models/codes", params=params), code)
+        invalid: list[dict[str, Any]] = [
+            {"min_worker": 3, "max_worker": 1},
+            {"min_worker": -1},
+            {"min_worker": "two"},
+        ]
+        for query in invalid:
+            assert_error(await api.put("/models/codes", params=query), 400)
         assert_error(await api.put("/models/codes/9.9", params={"min_worker": 1}), 404)
         unknown = await api.put("/models/codes/9.9/set-default")
         assert_error(unknown, 404, "ModelVersionNotFoundException")
         unknown = await api.delete("/models/codes/9.9")
         assert_error(unknown, 404, "ModelVersionNotFoundException")
         # Invalid async scaling is refused before the 202, not lost in the background.
-        invalid = await api.put("/models/codes", params={"min_worker": 2, "max_worker": 1})
-        assert_error(invalid, 400)
+        refused = await api.put("/models/codes", params={"min_worker": 2, "max_worker": 1})
+        assert_error(refused, 400)
         assert (await api.delete("/models/codes")).status_code == 200
 
         # No worker can start: 500, and the version is not left registered.
@@ -405,7 +406,7 @@ def test_error_status_codes(tmp_path: Path) -> None:
         assert response.status_code == 206
         assert response.json() == {"status": MISSING_WORKERS}
         assert len(await ready_ids(api, "half")) == 1
-        params = {"min_worker": 3, "synchronous": "true"}
+        params: dict[str, Any] = {"min_worker": 3, "synchronous": "true"}
         response = await api.put("/models/half", params=params)
         assert response.status_code == 206
         assert response.json() == {"status": MISSING_WORKERS}
@@ -600,7 +601,7 @@ def test_scale_down_lets_the_busy_worker_finish_its_batch(tmp_path: Path) -> Non
         async with asyncio.timeout(30):
             while (await describe(api, "shrink"))["jobQueueStatus"]["pendingRequests"] < 1:
                 await asyncio.sleep(0.005)
-        params = {"min_worker": 0, "synchronous": "true"}
+        params: dict[str, Any] = {"min_worker": 0, "synchronous": "true"}
         response = await api.put("/models/shrink", params=params)
         assert response.status_code == 200
         assert response.json() == {"status": "Workers scaled to 0 for model: shrink, version: 1.0"}
@@ -648,7 +649,7 @@ def test_lifecycle_changes_under_concurrent_inference(tmp_path: Path) -> None:
                 await asyncio.sleep(0.01)
             return outcomes
 
-        steps = [
+        steps: list[tuple[str, str, dict[str, Any]]] = [
             ("POST", "/models", {"url": "echo-v2.mar", "model_name": "busy", "initial_workers": 1}),
             ("PUT", "/models/busy/1.0", {"min_worker": 2, "synchronous": "true"}),
             ("PUT", "/models/busy/2.0/set-default", {}),

@@ -81,7 +81,7 @@ def test_snapshot_restores_models_versions_default_and_workers(
     async def first_run() -> None:
         async with in_process(config(snapshot=True)) as first:
             api = first.management
-            calls = [
+            calls: list[tuple[str, str, dict[str, Any]]] = [
                 ("POST", "/models", {"url": "echo.mar", "initial_workers": 2, "batch_size": 4}),
                 ("POST", "/models", {"url": "echo-v2.mar", "initial_workers": 1}),
                 ("PUT", "/models/echo/1.0", {"min_worker": 2, "max_worker": 3}),
@@ -91,8 +91,8 @@ def test_snapshot_restores_models_versions_default_and_workers(
             for method, path, params in calls:
                 response = await api.request(method, path, params=params)
                 assert response.status_code in (200, 202), response.text
-            params = {"url": listener["url"], "initial_workers": 1}
-            response = await api.post("/models", params=params)
+            download = {"url": listener["url"], "initial_workers": 1}
+            response = await api.post("/models", params=download)
             assert response.status_code == 200, response.text
             assert listener["hits"] == 1
             echo = first.registry.get("echo", "1.0")
@@ -159,7 +159,7 @@ def test_snapshot_restores_models_versions_default_and_workers(
             assert "Not writing a config snapshot" in log
             assert snapshot_files(folder) == before_second
             # The next change through the API is the user's own: it is written.
-            params = {"min_worker": 1, "synchronous": "true"}
+            params: dict[str, Any] = {"min_worker": 1, "synchronous": "true"}
             scaled = await api.put("/models/idle", params=params)
             assert scaled.status_code == 200, scaled.text
             written = [p for p in snapshot_files(folder) if p not in before_second]
