@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from serve import __version__
 from serve.cli.startup_report import StartupReport
 from serve.config import Config, host_port
+from serve.core.model import WorkerFactory, spawn_worker
 from serve.core.registry import Registry
 from serve.http.access_log import AccessLog
 from serve.http.body_limit import DeclaredSizeLimit
@@ -43,7 +44,12 @@ class Server:
     """Owns the listeners, the registry and the shutdown sequence."""
 
     def __init__(
-        self, config: Config, *, state_file: Path | None = None, restore_snapshot: bool = True
+        self,
+        config: Config,
+        *,
+        state_file: Path | None = None,
+        restore_snapshot: bool = True,
+        worker_factory: WorkerFactory = spawn_worker,
     ) -> None:
         self.config = config
         self.state_file = state_file
@@ -53,7 +59,7 @@ class Server:
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.metrics = ServerMetrics()
         self.metrics.handler.policy = load_policy(config)  # metrics_config, auto-detect, mode
-        self.registry = Registry(config, self.work_dir, self.metrics)
+        self.registry = Registry(config, self.work_dir, self.metrics, worker_factory=worker_factory)
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.metrics.registry.register(UpdateCollector(self.registry))
         self.watcher: StoreWatcher | None = None
@@ -78,7 +84,9 @@ class Server:
             self.addresses[name] = f"{_scheme(address)}://{shown}:{bound}"
         return sockets
 
-    def _apps(self) -> dict[str, Any]:
+    def apps(self) -> dict[str, Any]:
+        """The three ASGI apps with their edge middleware, as the listeners serve them (tests
+        call them in process, through httpx's ASGI transport)."""
         from serve.http.auth import TokenAuth
         from serve.http.token_guard import TokenGuard
 
@@ -115,7 +123,7 @@ class Server:
             loop.add_signal_handler(sig, self.stop)
         sockets = self._bind()
         self.tls = _server_tls(self.config, self.work_dir)
-        apps = self._apps()
+        apps = self.apps()
         grpc_servers = await self._start_grpc()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
         tls = [self.tls if self.addresses[name].startswith("https:") else None for name in sockets]
@@ -125,7 +133,7 @@ class Server:
             __version__,
             ", ".join(f"{k} {v}" for k, v in self.addresses.items()),
         )
-        loader = asyncio.create_task(self._load_startup_models())
+        loader = asyncio.create_task(self.load_startup_models())
         drained = asyncio.Event()
         drainer = asyncio.create_task(self._drain_on_stop(drained))
         watching = asyncio.create_task(self._watch_store(loader))
@@ -220,7 +228,9 @@ class Server:
         finally:
             drained.set()
 
-    async def _load_startup_models(self) -> None:
+    async def load_startup_models(self) -> None:
+        """The snapshot, ``model_snapshot`` or ``--models``, once; `serve` runs it beside the
+        listeners."""
         try:
             await self._register_startup_models()
         finally:
@@ -245,7 +255,11 @@ class Server:
                 logger.warning("Not writing a config snapshot: some startup models did not load")
             else:
                 snapshots.save(self.registry, self.config)
-            self.registry.listeners.append(lambda: snapshots.save(self.registry, self.config))
+
+            def save() -> None:
+                snapshots.save(self.registry, self.config)
+
+            self.registry.listeners.append(save)
 
     async def _restore(self, snapshots: Any, path: Path, data: dict[str, Any]) -> None:
         """TorchServe's rule: without a config file, the last snapshot replaces ``--models``."""

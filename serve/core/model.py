@@ -1,8 +1,9 @@
 """One served model version: its settings and lifecycle, composing a worker pool and a dispatcher.
 
-`serve.core.pool.WorkerPool` keeps the worker processes running, `serve.core.dispatcher.Dispatcher`
-turns requests into batches on them; this module builds the workers (spec, environment, devices) and
-scales, drains and unloads the version.
+`serve.core.pool.WorkerPool` keeps the workers running, `serve.core.dispatcher.Dispatcher` turns
+requests into batches on them; this module scales, drains and unloads the version, and says what its
+workers need (spec, environment, devices). Who builds them is a `WorkerFactory`, the registry's
+seam: `spawn_worker` starts worker processes; tests pass one that answers from Python.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from serve.config import Config, ModelSettings
 from serve.core.batching import JobQueue
 from serve.core.devices import visible_gpus
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
-from serve.core.pool import WorkerInfo, WorkerPool, WorkerSlot
+from serve.core.pool import ManagedWorker, WorkerInfo, WorkerPool, WorkerSlot
 from serve.core.sequences import SequenceSettings, make_dispatcher
 from serve.core.threads import ThreadBudget, ThreadDemand
 from serve.wire.errors import ShuttingDown
@@ -27,7 +28,14 @@ from serve.worker.spares import SparePool, worker_base_env
 if TYPE_CHECKING:
     from serve.core.observer import Observer
 
-__all__ = ["ModelSource", "ModelVersion", "WorkerSlot", "WorkerStartFailed"]
+__all__ = [
+    "ModelSource",
+    "ModelVersion",
+    "WorkerFactory",
+    "WorkerSlot",
+    "WorkerStartFailed",
+    "spawn_worker",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,27 @@ class ModelSource:
     workflow: str | None = None  # the workflow this version is a node of, if any
 
 
+class WorkerFactory(Protocol):
+    """Builds the worker for one slot of a model version; the pool starts, watches and stops it."""
+
+    def __call__(self, model: ModelVersion, slot: WorkerSlot) -> ManagedWorker: ...
+
+
+def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
+    """The real kind: a ``python -m serve.worker`` process (or a warm spare) for ``slot``."""
+    config = model.config
+    return WorkerProcess(
+        slot.worker_id,
+        model.worker_spec(slot),
+        model.socket_dir,
+        env=model.worker_env(),
+        spares=model.spares,
+        use_spare=model.loads_torch(),
+        arena_bytes=config.worker_shm_arena_mb << 20,
+        arena_threshold=config.worker_shm_threshold_kb << 10,
+    )
+
+
 class ModelVersion:
     """One model version: its settings, its worker pool and its dispatcher, and their lifecycle."""
 
@@ -59,6 +88,7 @@ class ModelVersion:
         metrics: Observer | None = None,
         *,
         loaded_at_startup: bool = False,
+        worker_factory: WorkerFactory = spawn_worker,
     ) -> None:
         self.name = name
         self.version = version
@@ -71,7 +101,7 @@ class ModelVersion:
         self.pool = WorkerPool(
             name,
             version,
-            self._make_worker,
+            lambda slot: worker_factory(self, slot),
             lambda: self.settings,
             max_backoff=config.worker_restart_max_backoff,
             stable_after=config.worker_restart_backoff_reset,
@@ -210,19 +240,7 @@ class ModelVersion:
 
     # ----- building workers ----------------------------------------------------------------
 
-    def _make_worker(self, slot: WorkerSlot) -> WorkerProcess:
-        return WorkerProcess(
-            slot.worker_id,
-            self.worker_spec(slot),
-            self.socket_dir,
-            env=self._worker_env(),
-            spares=self.spares,
-            use_spare=self._loads_torch(),
-            arena_bytes=self.config.worker_shm_arena_mb << 20,
-            arena_threshold=self.config.worker_shm_threshold_kb << 10,
-        )
-
-    def _loads_torch(self) -> bool:
+    def loads_torch(self) -> bool:
         """Whether a worker of this version has imported torch: only then does a spare (an
         interpreter with torch imported) fit it. A version's first worker starts cold, and a
         torch-free handler's workers stay free of torch: their memory (the RSS cap, admission)
@@ -306,7 +324,7 @@ class ModelVersion:
         start = (slot.index * per) % len(cpus)
         return [cpus[(start + i) % len(cpus)] for i in range(min(per, len(cpus)))]
 
-    def _worker_env(self) -> dict[str, str]:
+    def worker_env(self) -> dict[str, str]:
         env = worker_base_env(self.config)  # blacklist, OMP_WAIT_POLICY, unbuffered output
         threads = str(self.threads_per_worker())
         for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from archiver import ArchiveError, open_archive
 from serve.config import Config, ModelSettings
@@ -24,7 +24,7 @@ from serve.core import admission
 from serve.core.devices import visible_gpus
 from serve.core.host import process_rss
 from serve.core.jobs import WorkerState
-from serve.core.model import ModelSource, ModelVersion
+from serve.core.model import ModelSource, ModelVersion, WorkerFactory, spawn_worker
 from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
@@ -43,6 +43,8 @@ from serve.wire.redact import client_message
 from serve.worker.spares import SparePool, worker_base_env
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
+
     from serve.core.observer import Observer
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,17 @@ class ModelEntry:
         return self.versions[self.default_version]
 
 
+class LoadOptions(TypedDict, total=False):
+    """How a new version starts, as `Registry.register` passes it on to `Registry.add_source`."""
+
+    initial_workers: int | None
+    synchronous: bool
+    settings: dict[str, Any] | None
+    loaded_at_startup: bool
+    make_default: bool
+    fallback_workers: int | None
+
+
 @dataclass
 class VersionFailure:
     """A version that could not load, warm up or be admitted: it never took traffic."""
@@ -74,12 +87,24 @@ class VersionFailure:
 
 
 class Registry:
-    """Models by name, each with versions and a default version."""
+    """Models by name, each with versions and a default version.
 
-    def __init__(self, config: Config, work_dir: Path, metrics: Observer | None = None) -> None:
+    ``worker_factory`` builds every worker of every version: `spawn_worker` starts processes;
+    a test passes one whose workers answer from Python, and the rest runs unchanged.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        work_dir: Path,
+        metrics: Observer | None = None,
+        *,
+        worker_factory: WorkerFactory = spawn_worker,
+    ) -> None:
         self.config = config
         self.work_dir = work_dir
         self.metrics = metrics
+        self.worker_factory = worker_factory
         self.sources = ModelSources(config)
         self.models: dict[str, ModelEntry] = {}
         self.socket_dir = work_dir / "sockets"
@@ -139,17 +164,13 @@ class Registry:
         model_name: str | None = None,
         handler: str | None = None,
         runtime: str | None = None,
-        initial_workers: int | None = None,
-        synchronous: bool = True,
-        settings: dict[str, Any] | None = None,
-        loaded_at_startup: bool = False,
-        make_default: bool = False,
-        fallback_workers: int | None = None,
         model_url: str | None = None,
         version: str | None = None,
         workflow: str | None = None,
+        **options: Unpack[LoadOptions],
     ) -> ModelVersion:
-        """Open the archive ``url`` names, add it as a new version and start its workers.
+        """Open the archive ``url`` names, add it as a new version and start its workers
+        (`add_source`, with ``options``).
 
         Settings: server defaults < the archive's ``model-config.yaml`` < ``settings``. Workers:
         ``initial_workers``, else the yaml ``minWorkers``, else ``fallback_workers``, else
@@ -166,6 +187,7 @@ class Registry:
             raise BadRequest(
                 f"Invalid runtime {runtime!r}: Lantern runs {' and '.join(RUNTIMES)} handlers."
             )
+        initial_workers = options.get("initial_workers")
         if initial_workers is not None and initial_workers < 0:
             raise BadRequest("initial_workers cannot be negative.")
         location = await self.sources.resolve(url)
@@ -187,7 +209,7 @@ class Registry:
             logger.warning("Refused model archive %s: %s", url, exc)
             raise BadRequest(f"Invalid model archive {url}: {client_message(str(exc))}") from exc
         try:
-            check_supported_settings({**archive.model_config, **(settings or {})})
+            check_supported_settings({**archive.model_config, **(options.get("settings") or {})})
             dependency_path = await self._install_dependencies(name, archive, dest)
         except ServeError:
             shutil.rmtree(dest, ignore_errors=True)
@@ -207,16 +229,7 @@ class Registry:
             workflow=workflow,
         )
         return await self.add_source(
-            name,
-            version,
-            source,
-            initial_workers=initial_workers,
-            synchronous=synchronous,
-            settings=settings,
-            loaded_at_startup=loaded_at_startup,
-            make_default=make_default,
-            fallback_workers=fallback_workers,
-            store_name=location.store_name,
+            name, version, source, store_name=location.store_name, **options
         )
 
     async def add_source(
@@ -278,6 +291,7 @@ class Registry:
                 self.socket_dir,
                 self.metrics,
                 loaded_at_startup=loaded_at_startup,
+                worker_factory=self.worker_factory,
             )
             model.thread_budget = self.thread_budget
             model.spares = self.spares

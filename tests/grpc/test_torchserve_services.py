@@ -1,4 +1,6 @@
-"""TorchServe's gRPC services against one real server, driven by stubs generated from its protos.
+"""TorchServe's gRPC services against one in-process server, driven by stubs generated from its
+protos. The gRPC listeners are real (loopback, free ports) and run on the server's own event loop;
+the handlers run in inline workers (the worker runtime in this process).
 
 Token auth is on (as by default), so every call carries the port's key, as TorchServe's
 ``torchserve_grpc_client.py --auth-token`` does. Models: ``echo`` (batching, torch-free),
@@ -16,21 +18,22 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 from google.protobuf import empty_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.grpc_stubs import bearer, generate
-from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
+from tests.support.inline_workers import InlineWorkers
+from tests.support.inprocess import ThreadedLantern, test_config
+from tests.support.server import HANDLERS, build_archive, echo_archive
 from tests.support.waiting import wait_for
 
 MAX_REQUEST = 100_000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedLantern]:
     work = tmp_path_factory.mktemp("grpc-ts")
     store = work / "store"
     store.mkdir()
@@ -38,17 +41,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     echo_archive(store, "echo-v2", version="2.0")
     build_archive(store, "stream", HANDLERS / "stream_handler.py")
     build_archive(store, "headers", HANDLERS / "headers_handler.py", config={"jobQueueSize": 2})
-    srv = LanternServer(
+    config = test_config(
         work,
         store,
-        ["echo=echo.mar", "stream=stream.mar", "headers=headers.mar"],
-        token_auth=True,
-        args=["--enable-model-api"],
-        env={"LANTERN_MAX_REQUEST_SIZE": str(MAX_REQUEST)},
+        load_models=["echo=echo.mar", "stream=stream.mar", "headers=headers.mar"],
+        disable_token_authorization=False,
+        key_file=str(work / "key_file.json"),
+        enable_model_api=True,
+        max_request_size=MAX_REQUEST,
+        enable_grpc=True,
+        grpc_inference_port=0,
+        grpc_management_port=0,
     )
-    srv.start()
-    yield srv
-    srv.stop()
+    with ThreadedLantern(config, InlineWorkers(), grpc=True) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +63,20 @@ def ts(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def keys(server: LanternServer) -> dict[str, str]:
-    return {kind: entry["key"] for kind, entry in server.keys().items()}
+def keys(server: ThreadedLantern) -> dict[str, str]:
+    assert server.lantern is not None and server.lantern.server.state.auth is not None
+    found = json.loads(server.lantern.server.state.auth.key_file.read_text())
+    return {kind: entry["key"] for kind, entry in found.items()}
 
 
 @pytest.fixture(scope="module")
-def inference(server: LanternServer, ts: SimpleNamespace) -> Iterator[Any]:
+def inference(server: ThreadedLantern, ts: SimpleNamespace) -> Iterator[Any]:
     with grpc.insecure_channel(server.grpc_inference) as channel:
         yield ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
-def management(server: LanternServer, ts: SimpleNamespace) -> Iterator[Any]:
+def management(server: ThreadedLantern, ts: SimpleNamespace) -> Iterator[Any]:
     with grpc.insecure_channel(server.grpc_management) as channel:
         yield ts.management_pb2_grpc.ManagementAPIsServiceStub(channel)
 
@@ -98,9 +106,9 @@ def predict(ts: SimpleNamespace, model: str, data: bytes, version: str = "") -> 
 # ----- inference -------------------------------------------------------------------------------
 
 
-def test_ping_answers_the_http_ping_json(server: LanternServer, inference: Any, inf_md) -> None:
+def test_ping_answers_the_http_ping_json(server: ThreadedLantern, inference: Any, inf_md) -> None:
     reply = inference.Ping(empty_pb2.Empty(), metadata=inf_md)
-    assert json.loads(reply.health) == httpx.get(f"{server.inference}/ping").json()
+    assert json.loads(reply.health) == server.client("inference").get("/ping").json()
     assert json.loads(reply.health) == {"status": "Healthy"}
 
 
@@ -201,17 +209,18 @@ def test_stream_predictions2_passes_sequence_ids_as_request_headers(
 
 
 def test_grpc_and_http_requests_share_one_queue_and_batch(
-    server: LanternServer, inference: Any, ts: SimpleNamespace, inf_md, keys
+    server: ThreadedLantern, inference: Any, ts: SimpleNamespace, inf_md, keys
 ) -> None:
     """While the worker sleeps, two gRPC and one HTTP request queue and run as one batch."""
     http_headers = {"Authorization": f"Bearer {keys['inference']}"}
-    url = f"{server.inference}/predictions/echo"
+    url = "/predictions/echo"
+    http_post = server.client("inference").post
     with cf.ThreadPoolExecutor(4) as pool:
-        blocker = pool.submit(httpx.post, url, content=b"sleep 1", headers=http_headers, timeout=30)
+        blocker = pool.submit(http_post, url, content=b"sleep 1", headers=http_headers)
         wait_for(lambda: _metric(server, "serve_requests_in_flight", "echo") >= 1)
         calls = [inference.Predictions.future(predict(ts, "echo", b"g"), metadata=inf_md)]
         calls.append(inference.Predictions.future(predict(ts, "echo", b"g"), metadata=inf_md))
-        http = pool.submit(httpx.post, url, content=b"h", headers=http_headers, timeout=30)
+        http = pool.submit(http_post, url, content=b"h", headers=http_headers)
         rows = [json.loads(c.result(timeout=30).prediction) for c in calls]
         rows.append(http.result().json())
         assert blocker.result().status_code == 200
@@ -219,7 +228,7 @@ def test_grpc_and_http_requests_share_one_queue_and_batch(
 
 
 def test_deadline_is_the_request_deadline(
-    server: LanternServer, inference: Any, ts: SimpleNamespace, inf_md
+    server: ThreadedLantern, inference: Any, ts: SimpleNamespace, inf_md
 ) -> None:
     code, _ = code_of(
         inference.Predictions, predict(ts, "headers", b"sleep 1"), metadata=inf_md, timeout=0.3
@@ -228,7 +237,7 @@ def test_deadline_is_the_request_deadline(
 
 
 def test_expired_and_cancelled_calls_free_their_queue_slots(
-    server: LanternServer, inference: Any, ts: SimpleNamespace, inf_md
+    server: ThreadedLantern, inference: Any, ts: SimpleNamespace, inf_md
 ) -> None:
     """``headers`` has one worker and room for two queued requests.
 
@@ -264,7 +273,7 @@ def test_expired_and_cancelled_calls_free_their_queue_slots(
 
 
 def test_each_port_takes_only_its_own_key(
-    server: LanternServer, inference: Any, management: Any, ts: SimpleNamespace, keys
+    server: ThreadedLantern, inference: Any, management: Any, ts: SimpleNamespace, keys
 ) -> None:
     list_request = ts.management_pb2.ListModelsRequest()
     for md in [(), bearer("wrong"), bearer(keys["management"]), bearer(keys["API"])]:
@@ -277,7 +286,7 @@ def test_each_port_takes_only_its_own_key(
     management.ListModels(list_request, metadata=bearer(keys["management"]))
 
 
-def test_health_and_reflection_need_no_key(server: LanternServer) -> None:
+def test_health_and_reflection_need_no_key(server: ThreadedLantern) -> None:
     with grpc.insecure_channel(server.grpc_inference) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -292,11 +301,11 @@ def test_health_and_reflection_need_no_key(server: LanternServer) -> None:
 
 
 def test_list_models_msg_is_the_http_json(
-    server: LanternServer, management: Any, ts: SimpleNamespace, mgmt_md, keys
+    server: ThreadedLantern, management: Any, ts: SimpleNamespace, mgmt_md, keys
 ) -> None:
     reply = management.ListModels(ts.management_pb2.ListModelsRequest(limit=2), metadata=mgmt_md)
-    http = httpx.get(
-        f"{server.management}/models?limit=2",
+    http = server.client("management").get(
+        "/models?limit=2",
         headers={"Authorization": f"Bearer {keys['management']}"},
     )
     assert json.loads(reply.msg) == http.json()
@@ -304,15 +313,19 @@ def test_list_models_msg_is_the_http_json(
 
 
 def test_describe_msg_is_the_http_json(
-    server: LanternServer, management: Any, ts: SimpleNamespace, mgmt_md, keys
+    server: ThreadedLantern, management: Any, ts: SimpleNamespace, mgmt_md, keys
 ) -> None:
     reply = management.DescribeModel(
         ts.management_pb2.DescribeModelRequest(model_name="echo"), metadata=mgmt_md
     )
-    http = httpx.get(
-        f"{server.management}/models/echo",
-        headers={"Authorization": f"Bearer {keys['management']}"},
-    ).json()
+    http = (
+        server.client("management")
+        .get(
+            "/models/echo",
+            headers={"Authorization": f"Bearer {keys['management']}"},
+        )
+        .json()
+    )
     grpc_json = json.loads(reply.msg)
 
     def stable(data: list[dict[str, Any]]) -> list[dict[str, Any]]:  # memory and times move
@@ -331,7 +344,7 @@ def test_describe_msg_is_the_http_json(
 
 
 def test_torchserve_grpc_client_flow(
-    server: LanternServer, inference: Any, management: Any, ts: SimpleNamespace, mgmt_md, inf_md
+    server: ThreadedLantern, inference: Any, management: Any, ts: SimpleNamespace, mgmt_md, inf_md
 ) -> None:
     """``torchserve_grpc_client.py register | infer | unregister``, with its parameters."""
     params = {"url": "echo.mar", "initial_workers": 1, "synchronous": True, "model_name": "flow"}
@@ -350,7 +363,7 @@ def test_torchserve_grpc_client_flow(
 
 
 def test_register_scale_set_default_unregister(
-    server: LanternServer, management: Any, ts: SimpleNamespace, mgmt_md
+    server: ThreadedLantern, management: Any, ts: SimpleNamespace, mgmt_md
 ) -> None:
     pb = ts.management_pb2
     call = management
@@ -419,16 +432,12 @@ def test_management_errors(
 
 
 def test_calls_are_in_the_access_log_with_the_protocol(
-    server: LanternServer, inference, ts, inf_md
+    server: ThreadedLantern, inference, ts, inf_md
 ) -> None:
     md = (*inf_md, ("x-request-id", "logged-grpc-call"))
     inference.Predictions(predict(ts, "echo", b"x"), metadata=md)
-    wait_for(lambda: "logged-grpc-call" in server.log_text("access_log.log"))
-    line = next(
-        line
-        for line in server.log_text("access_log.log").splitlines()
-        if "logged-grpc-call" in line
-    )
+    wait_for(lambda: "logged-grpc-call" in server.log_text())
+    line = next(line for line in server.log_text().splitlines() if "logged-grpc-call" in line)
     assert "InferenceAPIsService/Predictions" in line and " OK " in line
     assert "model=echo version=1.0" in line and "protocol=grpc" in line
 
@@ -436,8 +445,8 @@ def test_calls_are_in_the_access_log_with_the_protocol(
 # ----- helpers ---------------------------------------------------------------------------------
 
 
-def _metric(server: LanternServer, name: str, model: str) -> float:
-    text = httpx.get(f"{server.metrics}/metrics", timeout=10).text
+def _metric(server: ThreadedLantern, name: str, model: str) -> float:
+    text = server.client("metrics").get("/metrics").text
     for line in text.splitlines():
         if line.startswith(f"{name}{{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])

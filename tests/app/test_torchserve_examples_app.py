@@ -1,6 +1,7 @@
 """Five TorchServe 0.12 examples, as stand-ins (tests/e2e/torchserve_examples/README.md), archived
-with the real torch-model-archiver and served by one Lantern server as a TorchServe user would:
+with the real torch-model-archiver and served by one in-process Lantern as a TorchServe user would:
 a config.properties with metrics_config and install_py_dep_per_model, the same curl-style calls.
+The handlers run in inline workers (the worker runtime in this process).
 
 No PyPI artifact carries TorchServe 0.12.0's examples/ (no sdist; the wheel holds only ts/), so
 the handlers are our own code using TorchServe's handler API the way each example does.
@@ -25,10 +26,12 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from tests.e2e.test_torchserve_archives import real_archiver
-from tests.support.server import DATA, LanternServer
+from tests.app.test_torchserve_archives import real_archiver
+from tests.support.inline_workers import InlineWorkers
+from tests.support.inprocess import ThreadedLantern, test_config
+from tests.support.server import DATA
 
-EXAMPLES = Path(__file__).resolve().parent / "torchserve_examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "e2e" / "torchserve_examples"
 SEED = 1234
 
 
@@ -155,30 +158,34 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="module")
-def server(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
+def server(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedLantern]:
     models = ["mnist", "vgg16", "custom_metrics", "micro_batching", "stateful"]
-    srv = LanternServer(
+    config = test_config(
         tmp_path_factory.mktemp("ts_examples_server"),
         built.store,
-        [f"{m}={m}.mar" for m in models],
-        args=["--ts-config", str(built.properties)],
+        ts_config=built.properties,
+        load_models=[f"{m}={m}.mar" for m in models],
     )
-    srv.start(timeout=400)
-    yield srv
-    srv.stop()
+    with ThreadedLantern(config, InlineWorkers()) as srv:
+        yield srv
 
 
 def predict(
-    server: LanternServer, model: str, body: bytes, method: str = "POST", **headers: str
+    server: ThreadedLantern, model: str, body: bytes, method: str = "POST", **headers: str
 ) -> httpx.Response:
-    url = f"{server.inference}/predictions/{model}"
-    return httpx.request(method, url, content=body, headers=headers, timeout=60)
+    return server.client("inference").request(
+        method, f"/predictions/{model}", content=body, headers=headers
+    )
+
+
+def describe(server: ThreadedLantern, model: str) -> list[dict]:
+    return server.client("management").get(f"/models/{model}").json()
 
 
 # ----- mnist: a grey PNG stays grey --------------------------------------------------------------
 
 
-def test_mnist_grey_png_answers_the_digit_the_model_gives(built: Built, server: LanternServer):
+def test_mnist_grey_png_answers_the_digit_the_model_gives(built: Built, server: ThreadedLantern):
     grey = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
     for seed in range(3):
         png = grey_png(seed)
@@ -189,7 +196,7 @@ def test_mnist_grey_png_answers_the_digit_the_model_gives(built: Built, server: 
         assert response.json() == expected
 
 
-def test_an_rgba_png_is_not_made_grey_for_a_grey_model(server: LanternServer):
+def test_an_rgba_png_is_not_made_grey_for_a_grey_model(server: ThreadedLantern):
     """TorchServe keeps the image's mode: 4 channels reach a 1-channel model and fail (500)."""
     buffer = io.BytesIO()
     Image.new("RGBA", (28, 28), (1, 2, 3, 4)).save(buffer, "PNG")
@@ -201,7 +208,7 @@ def test_an_rgba_png_is_not_made_grey_for_a_grey_model(server: LanternServer):
 # ----- vgg16: an overridden _load_pickled_model still ends in eval() -----------------------------
 
 
-def test_overridden_loader_answers_the_same_every_call(built: Built, server: LanternServer):
+def test_overridden_loader_answers_the_same_every_call(built: Built, server: ThreadedLantern):
     kitten = (DATA / "kitten.jpg").read_bytes()
     answers = [predict(server, "vgg16", kitten).json() for _ in range(3)]
     assert answers[0] == answers[1] == answers[2]
@@ -224,10 +231,10 @@ def test_overridden_loader_answers_the_same_every_call(built: Built, server: Lan
 # ----- custom_metrics: metrics.yaml, get_metric, TorchServe's names ------------------------------
 
 
-def test_custom_metrics_appear_under_torchserve_names(server: LanternServer):
+def test_custom_metrics_appear_under_torchserve_names(server: ThreadedLantern):
     response = predict(server, "custom_metrics", grey_png(7))
     assert response.status_code == 200, response.text  # get_metric("RequestBatchSize") worked
-    text = httpx.get(f"{server.metrics}/metrics", timeout=10).text
+    text = server.client("metrics").get("/metrics").text
     counters = [
         "InferenceRequestCount",
         "InitializeCallCount",
@@ -252,7 +259,9 @@ def test_custom_metrics_appear_under_torchserve_names(server: LanternServer):
 # ----- micro_batching ----------------------------------------------------------------------------
 
 
-def test_micro_batching_handler_answers_each_request_in_order(built: Built, server: LanternServer):
+def test_micro_batching_handler_answers_each_request_in_order(
+    built: Built, server: ThreadedLantern
+):
     kitten, coffee = (DATA / "kitten.jpg").read_bytes(), (DATA / "coffee.jpg").read_bytes()
     single = {
         name: predict(server, "micro_batching", body).json()
@@ -274,7 +283,7 @@ def test_micro_batching_handler_answers_each_request_in_order(built: Built, serv
 SEQ = "ts_request_sequence_id"
 
 
-def test_two_clients_without_a_sequence_id_never_share_state(server: LanternServer):
+def test_two_clients_without_a_sequence_id_never_share_state(server: ThreadedLantern):
     first = predict(server, "stateful", b"1")
     second = predict(server, "stateful", b"10")
     assert (first.status_code, second.status_code) == (200, 200)
@@ -286,8 +295,8 @@ def test_two_clients_without_a_sequence_id_never_share_state(server: LanternServ
     assert predict(server, "stateful", b"3", **{SEQ: a}).headers[SEQ] == a
 
 
-def test_sequences_keep_order_on_one_worker_of_two(server: LanternServer):
-    described = server.describe("stateful")[0]
+def test_sequences_keep_order_on_one_worker_of_two(server: ThreadedLantern):
+    described = describe(server, "stateful")[0]
     assert len(described["workers"]) == 2
     sequences = {"alpha": 1, "beta": 100}  # all at once, two sequences, pipelined requests
 
@@ -308,13 +317,13 @@ def test_sequences_keep_order_on_one_worker_of_two(server: LanternServer):
         assert got == [value * i for i in range(1, 7)], (seq, got)
 
 
-def test_describe_shows_sequence_settings(server: LanternServer):
-    stateful = server.describe("stateful")[0]
+def test_describe_shows_sequence_settings(server: ThreadedLantern):
+    stateful = describe(server, "stateful")[0]
     assert stateful["stateful"] is True
     assert stateful["maxNumSequence"] == 8  # max(4, batchSize 4 x maxWorkers 2), as TorchServe
     assert stateful["maxSequenceJobQueueSize"] == 10
     assert stateful["sequenceMaxIdleMSec"] == 60000
-    plain = server.describe("mnist")[0]
+    plain = describe(server, "mnist")[0]
     assert (plain["stateful"], plain["maxNumSequence"], plain["maxSequenceJobQueueSize"]) == (
         False,
         0,
@@ -325,27 +334,27 @@ def test_describe_shows_sequence_settings(server: LanternServer):
 # ----- registration: per-model dependencies and refused settings ---------------------------------
 
 
-def test_per_model_dependencies_stay_out_of_the_server_environment(server: LanternServer):
+def test_per_model_dependencies_stay_out_of_the_server_environment(server: ThreadedLantern):
     # The stateful handler imports lantern_tiny_lru, which only its own requirements.txt brings.
     assert predict(server, "stateful", b"5").json() == 5
     found = subprocess.run(
         [sys.executable, "-c", "import lantern_tiny_lru"], capture_output=True, timeout=60
     )
     assert found.returncode != 0
-    assert "pip: Successfully installed lantern-tiny-lru" in server.log_text("model_log.log")
+    assert "pip: Successfully installed lantern-tiny-lru" in server.log_text()
 
 
-def test_failing_dependencies_refuse_registration(server: LanternServer):
-    response = httpx.post(f"{server.management}/models?url=baddeps.mar", timeout=300)
+def test_failing_dependencies_refuse_registration(server: ThreadedLantern):
+    response = server.client("management", timeout=300).post("/models?url=baddeps.mar")
     assert response.status_code == 400, response.text
     assert "Failed to install the dependencies of model baddeps" in response.json()["message"]
     assert "not-there" in response.json()["message"]
-    listed = httpx.get(f"{server.management}/models", timeout=10).json()["models"]
+    listed = server.client("management").get("/models").json()["models"]
     assert "baddeps" not in {m["modelName"] for m in listed}
 
 
-def test_unsupported_settings_are_refused_at_registration(server: LanternServer):
-    response = httpx.post(f"{server.management}/models?url=continuous.mar", timeout=60)
+def test_unsupported_settings_are_refused_at_registration(server: ThreadedLantern):
+    response = server.client("management").post("/models?url=continuous.mar")
     assert response.status_code == 400
     assert "continuousBatching" in response.json()["message"]
     assert "only with sequenceBatching" in response.json()["message"]
@@ -362,10 +371,10 @@ def test_unsupported_settings_are_refused_at_registration(server: LanternServer)
     ],
 )
 def test_junk_management_parameters_answer_400(
-    server: LanternServer, method: str, query: str, message: str
+    server: ThreadedLantern, method: str, query: str, message: str
 ) -> None:
     """Deliberate differences (TorchServe: 200/202/404/500), listed in the migration doc."""
-    response = httpx.request(method, f"{server.management}{query}", timeout=60)
+    response = server.client("management").request(method, query)
     assert response.status_code == 400, response.text
     assert message in response.json()["message"]
-    assert len(server.describe("mnist")[0]["workers"]) == 1  # nothing changed
+    assert len(describe(server, "mnist")[0]["workers"]) == 1  # nothing changed

@@ -1,4 +1,8 @@
-"""Archives move both ways: TorchServe's own torch-model-archiver 0.12 against ours."""
+"""Archives move both ways: TorchServe's own torch-model-archiver 0.12 against ours.
+
+Its archives are served in process, their handler run by an inline worker (the worker runtime in
+this process).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 from archiver import build
-from tests.support.server import HANDLERS, LanternServer
+from tests.support.inline_workers import InlineWorkers
+from tests.support.inprocess import in_process, run, test_config
+from tests.support.server import HANDLERS
 
 # The real torch-model-archiver 0.12.0 (a dev dependency), called through its own entry point;
 # the console script of that name is our alias.
@@ -116,15 +121,19 @@ def test_archives_from_torchserve_archiver_serve_in_lantern(inputs: Path, tmp_pa
     )
     names = sorted(p.name for p in store.iterdir())
     assert names == ["echo.mar", "echo_dir", "echo_tgz.tar.gz"]
-    with LanternServer(tmp_path, store, names) as srv:
-        for model in ("echo", "echo_tgz", "echo_dir"):
-            resp = httpx.post(
-                f"{srv.inference}/predictions/{model}/2.5",
-                content=b"hi",
-                headers={"content-type": "text/plain"},
-                timeout=30,
-            )
-            assert resp.status_code == 200, resp.text
-            assert resp.json()["echo"] == "hi"
-            described = srv.describe(model)[0]
-            assert described["batchSize"] == 4  # the archive's model-config.yaml applied
+
+    async def serve() -> None:
+        config = test_config(tmp_path, store, load_models=names)
+        async with in_process(config, InlineWorkers()) as lantern:
+            for model in ("echo", "echo_tgz", "echo_dir"):
+                resp = await lantern.inference.post(
+                    f"/predictions/{model}/2.5",
+                    content=b"hi",
+                    headers={"content-type": "text/plain"},
+                )
+                assert resp.status_code == 200, resp.text
+                assert resp.json()["echo"] == "hi"
+                (described,) = (await lantern.management.get(f"/models/{model}")).json()
+                assert described["batchSize"] == 4  # the archive's model-config.yaml applied
+
+    run(serve)
