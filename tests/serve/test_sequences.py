@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.dispatcher import Dispatcher
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState, next_state
 from serve.core.sequences import (
     SEQUENCE_END_HEADER,
     SEQUENCE_ID_HEADER,
     SEQUENCE_START_HEADER,
     STREAM_NEXT_HEADER,
-    SequenceDispatcher,
+    SequencePlacement,
     SequenceSettings,
+    SequenceTable,
     SequenceView,
     check_supported_settings,
     plan_sequence_batches,
@@ -181,6 +183,10 @@ class FakeWorker:
         results = self.behaviour(self, items)
         return BatchOutcome(results, {}, [])
 
+    def change_state(self, wanted: WorkerState) -> bool:
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
+
     def kill(self) -> None:
         self.state = WorkerState.DEAD
 
@@ -222,11 +228,26 @@ async def until(condition: Callable[[], object], seconds: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
+class SequenceDispatcher(Dispatcher):
+    """The one dispatcher with sequence placement, and a short way to its state for the tests."""
+
+    placement: SequencePlacement
+
+    @property
+    def table(self) -> SequenceTable:
+        return self.placement.table
+
+    @property
+    def _carried(self) -> dict[str, list[Job]]:
+        return self.placement._carried
+
+
 def make(workers: list[FakeWorker], **yaml: object) -> SequenceDispatcher:
     settings = ModelSettings(batch_size=4, max_batch_delay=10)
     config = {"sequenceBatching": True, "sequenceMaxIdleMSec": 60_000, **yaml}
     sequences = SequenceSettings.from_config(config, 4, len(workers))
-    return SequenceDispatcher("m", "1", FakePool(workers), lambda: settings, sequences)
+    placement = SequencePlacement(sequences)
+    return SequenceDispatcher("m", "1", FakePool(workers), lambda: settings, placement)
 
 
 def item(rid: str, value: int, seq: str | None = None) -> BatchItem:
