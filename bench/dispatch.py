@@ -2,9 +2,9 @@
 
 Requests go through `serve.core.dispatcher.Dispatcher` to workers that answer on the next
 event-loop tick, so what is timed is the dispatcher (queue, placement, batch task, answer) and the
-event loop, never a process or a socket; the figure is the process's CPU time per request
-(steadier than the clock on a shared machine). Best of ``--repeats`` runs of ``--requests`` requests,
-``--concurrency`` of them in flight at once, per placement policy.
+event loop, never a process or a socket. The figure is the process's CPU time per request
+(steadier than the clock on a shared machine), best of ``--repeats`` runs of ``--requests``
+requests with ``--concurrency`` of them in flight at once, per placement policy.
 """
 
 from __future__ import annotations
