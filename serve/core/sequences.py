@@ -426,13 +426,11 @@ class SequencePlacement:
     def put_back(self, worker_id: str, jobs: list[Job]) -> None:
         # New jobs go back to their sequences; carried ones were in the worker, which is gone,
         # and so is their state.
-        for job in jobs:
-            if id(job) in self._on_worker:
-                rid = job.item.request_id
-                self._finish(
-                    job, WorkerDied(f"Worker {worker_id} left before request {rid} ended.")
-                )
+        carried = [job for job in jobs if id(job) in self._on_worker]
         fresh = [job for job in jobs if id(job) not in self._on_worker]
+        for job in carried:
+            rid = job.item.request_id
+            self._finish(job, WorkerDied(f"Worker {worker_id} left before request {rid} ended."))
         for job in reversed(fresh):
             if not job.done:
                 self.table.put(job, front=True)

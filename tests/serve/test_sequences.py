@@ -547,6 +547,33 @@ async def test_continuous_carried_requests_fail_when_their_worker_leaves_between
 
 
 @in_loop
+async def test_continuous_a_carried_request_whose_worker_dies_before_the_send_fails() -> None:
+    w = FakeWorker("w0", continuous_handler(10_000))
+    d = make_continuous([w], maxSequenceJobQueueSize=4)
+    first = await d.submit(item("a1", 5, "a"))  # carried on w0 from here on
+    pool = d.source
+    assert isinstance(pool, FakePool)
+    listed = pool.workers
+
+    def workers_then_die() -> list[FakeWorker]:
+        # Called by the dispatch that plans a1's next batch with a2: w0 dies before the send.
+        if w.state is not WorkerState.READY or not d.table._open["a"].jobs:
+            return listed()
+        asyncio.get_running_loop().call_soon(w.change_state, WorkerState.DEAD)
+        return listed()
+
+    pool.workers = workers_then_die  # type: ignore[method-assign]
+    second = d.submit(item("a2", 2, "a"))
+    chunks = await drain_stream(first)
+    last = chunks[-1]
+    assert isinstance(last, WorkerDied) and "Worker w0 left before request a1" in last.message
+    assert not second.done() and d.queue.live_count() == 1  # a2 went back to its sequence
+    assert d.table._open["a"].running == 0 and not d._carried
+    assert all("a2" not in batch for batch in w.batches)
+    second.cancel()
+
+
+@in_loop
 async def test_continuous_drain_lets_carried_requests_end_then_cuts_the_rest() -> None:
     short = FakeWorker("w0", continuous_handler(3))
     d = make_continuous([short])
