@@ -1,4 +1,4 @@
-"""Jobs waiting for a worker, and the rule that turns them into batches.
+"""Plain dynamic batching: the job queue, the rule that turns it into batches, and the policy.
 
 The queue is per model version and bounded. A free worker takes the oldest jobs. When several
 workers are free the waiting jobs are spread over them (TorchServe hands everything to one worker).
@@ -13,9 +13,12 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 
-from serve.core.jobs import Job
-from serve.wire.errors import GatewayTimeout, ServeError, TooManyRequests
+from serve.config import ModelSettings
+from serve.core.jobs import Job, WorkerState
+from serve.core.placement import Answer, Plan, WorkerView
+from serve.wire.errors import GatewayTimeout, ServeError, TooManyRequests, WorkerDied
 
 
 class JobQueue:
@@ -100,10 +103,90 @@ def plan_batches(
         # More work is likely on its way while other workers are busy: let the batch fill.
         return [], max_delay - oldest_age
     per_worker = min(batch_size, math.ceil(waiting / free_workers))
-    sizes = []
+    sizes: list[int] = []
     remaining = waiting
     while remaining > 0 and len(sizes) < free_workers:
         take = min(per_worker, remaining)
         sizes.append(take)
         remaining -= take
     return sizes, 0.0
+
+
+def split_retries(jobs: Sequence[Job], now: float, allowed: bool) -> tuple[list[Job], list[Job]]:
+    """The jobs of a dead worker that get one more try, and those that fail.
+
+    A job is retried once at most, only while ``allowed`` (another live worker, not unloading),
+    and only if unanswered (a streamed answer has begun: it cannot start over) and in time.
+    """
+    retry = [j for j in jobs if allowed and j.retries == 0 and not j.done and j.deadline > now]
+    return retry, [j for j in jobs if j not in retry]
+
+
+class BatchPlacement:
+    """Dynamic batching: one bounded FIFO, spread over the free workers by `plan_batches`.
+
+    A job on a worker that died is retried once on another live worker (`split_retries`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.queue = JobQueue(capacity)
+        self.capacity = capacity
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def live_count(self) -> int:
+        return self.queue.live_count()
+
+    def per_worker(self, settings: ModelSettings) -> int | None:
+        return None
+
+    def admit(self, job: Job) -> None:
+        self.queue.put(job)
+
+    def plan(self, workers: Sequence[WorkerView], now: float, settings: ModelSettings) -> Plan:
+        free = [w.worker_id for w in workers if w.state is WorkerState.READY]
+        busy = sum(1 for w in workers if w.state is WorkerState.BUSY)
+        oldest = self.queue.oldest_arrival()
+        sizes, wait = plan_batches(
+            self.queue.live_count(),
+            len(free),
+            busy,
+            settings.batch_size,
+            now - oldest if oldest is not None else 0.0,
+            settings.max_batch_delay / 1000.0,
+        )
+        plan = Plan(wait=wait)
+        for worker_id, size in zip(free, sizes, strict=False):
+            jobs = self.queue.take(size)
+            if not jobs:
+                break
+            plan.batches.append((worker_id, jobs))
+        return plan
+
+    def put_back(self, worker_id: str, jobs: list[Job]) -> None:
+        # The batch was never sent: back to the front, without using up a retry.
+        for job in reversed(jobs):
+            if not job.done:
+                self.queue.put(job, front=True)
+
+    def settle(self, worker_id: str, jobs: list[Job], answers: Sequence[Answer]) -> None:
+        for job, answer in zip(jobs, answers, strict=True):
+            if isinstance(answer, ServeError):
+                job.fail(answer)
+            else:
+                job.resolve(answer)
+
+    def lost(self, worker_id: str, jobs: list[Job], *, retry: bool) -> None:
+        again, failed = split_retries(jobs, time.monotonic(), retry)
+        for job in failed:
+            job.fail(WorkerDied(f"Worker died while processing request {job.item.request_id}."))
+        for job in reversed(again):
+            job.retries += 1
+            self.queue.put(job, front=True)
+
+    def fail_waiting(self, error: ServeError) -> None:
+        self.queue.fail_all(error)
+
+    async def drain_carried(self, timeout: float) -> None:
+        return None

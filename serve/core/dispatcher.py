@@ -2,7 +2,10 @@
 
 The dispatcher knows nothing of processes. It sees its workers through two small protocols,
 `Worker` (one worker: run a batch, be killed) and `WorkerSource` (the pool that owns them), so it
-runs as well against in-process fakes as against `serve.worker.process.WorkerProcess`.
+runs as well against in-process fakes as against `serve.worker.process.WorkerProcess`. Which
+waiting job goes to which worker is its `serve.core.placement.Placement` policy's to say: plain
+batching, sequence affinity (and its continuous variant) or slots on a worker that runs many
+requests at once.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from serve.config import ModelSettings
-from serve.core.batching import JobQueue, plan_batches
+from serve.core.batching import BatchPlacement
 from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, ItemResult, Job, WorkerState
+from serve.core.placement import Answer, Placement, WorkerView
 from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
 
 logger = logging.getLogger(__name__)
@@ -25,12 +29,20 @@ logger = logging.getLogger(__name__)
 class Worker(Protocol):
     """One worker as the dispatcher drives it.
 
-    The dispatcher sets ``state`` to BUSY when it hands the worker a batch and back to READY when
-    the batch is answered (unless the worker has meanwhile become DEAD or STOPPING).
+    The worker is the one writer of its ``state``. The dispatcher asks for BUSY when the worker
+    can take no more work (it runs a batch, or all its slots) and for READY once it can again;
+    `change_state` refuses what `serve.core.jobs.next_state` does not allow (a worker that began
+    to stop or died meanwhile stays so).
     """
 
     worker_id: str
-    state: WorkerState
+
+    @property
+    def state(self) -> WorkerState: ...
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        """Move to ``wanted`` if the state table allows it; whether the worker is in it now."""
+        ...
 
     async def run_batch(
         self,
@@ -48,7 +60,7 @@ class Worker(Protocol):
 class WorkerSource(Protocol):
     """The dispatcher's view of the pool that owns its workers."""
 
-    def workers(self) -> list[Worker]:
+    def workers(self) -> Sequence[Worker]:
         """The workers in service (started, not retiring), in any state."""
         ...
 
@@ -62,7 +74,10 @@ class WorkerSource(Protocol):
 
 
 class Dispatcher:
-    """Accepts jobs for one model version, batches them and runs the batches on its workers."""
+    """Accepts jobs for one model version and runs them on its workers where ``placement`` says.
+
+    Without a placement it batches plainly (`serve.core.batching.BatchPlacement`).
+    """
 
     def __init__(
         self,
@@ -70,6 +85,7 @@ class Dispatcher:
         version: str,
         source: WorkerSource,
         settings: Callable[[], ModelSettings],
+        placement: Placement | None = None,
         *,
         on_outcome: Callable[[list[Job], BatchOutcome], None] | None = None,
     ) -> None:
@@ -78,14 +94,22 @@ class Dispatcher:
         self.source = source
         self._settings = settings
         self._on_outcome = on_outcome
-        self.queue = JobQueue(settings().job_queue_size)
+        if placement is None:  # not ``placement or``: an empty placement is falsy (its len)
+            placement = BatchPlacement(settings().job_queue_size)
+        self.placement = placement
         self.closing = False
         self.in_flight = 0
+        self._running: dict[Worker, int] = {}  # jobs on each worker now
         self._dispatch_pending = False
         self._delay_timer: asyncio.TimerHandle | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @property
+    def queue(self) -> Placement:
+        """The waiting jobs (its placement holds them): ``len``, ``live_count``, ``capacity``."""
+        return self.placement
 
     # ----- accepting work ------------------------------------------------------------------
 
@@ -100,7 +124,7 @@ class Dispatcher:
         if timeout is not None:
             limit = min(limit, timeout)
         future: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
-        self.queue.put(Job(item, future, now, now + limit))
+        self.placement.admit(Job(item, future, now, now + limit))
         self.in_flight += 1
         self._idle.clear()
         future.add_done_callback(self._request_done)
@@ -115,7 +139,7 @@ class Dispatcher:
 
     def fail_queued(self, error: ServeError) -> None:
         """Answer every queued job with ``error`` (running batches go on)."""
-        self.queue.fail_all(error)
+        self.placement.fail_waiting(error)
 
     def _request_done(self, _: asyncio.Future[ItemResult]) -> None:
         self.in_flight -= 1
@@ -140,39 +164,28 @@ class Dispatcher:
             self.fail_queued(self.no_workers())
             return
         settings = self._settings()
-        workers = self.source.workers()
-        free = [w for w in workers if w.state == WorkerState.READY]
-        busy = sum(1 for w in workers if w.state == WorkerState.BUSY)
-        waiting = self.queue.live_count()
-        oldest = self.queue.oldest_arrival()
-        age = time.monotonic() - oldest if oldest is not None else 0.0
-        sizes, wait = plan_batches(
-            waiting,
-            len(free),
-            busy,
-            settings.batch_size,
-            age,
-            settings.max_batch_delay / 1000.0,
-        )
-        if wait > 0:
-            self._delay_timer = asyncio.get_running_loop().call_later(wait, self.schedule)
+        workers = {w.worker_id: w for w in self.source.workers()}
+        views = [WorkerView(i, w.state, self._running.get(w, 0)) for i, w in workers.items()]
+        plan = self.placement.plan(views, time.monotonic(), settings)
+        if plan.wait > 0:
+            self._delay_timer = asyncio.get_running_loop().call_later(plan.wait, self.schedule)
             return
-        for worker, size in zip(free, sizes, strict=False):
-            jobs = self.queue.take(size)
-            if not jobs:
-                break
-            worker.state = WorkerState.BUSY
+        per_worker = self.placement.per_worker(settings)
+        for worker_id, jobs in plan.batches:
+            worker = workers[worker_id]
+            running = self._running.get(worker, 0) + len(jobs)
+            self._running[worker] = running
+            if per_worker is None or running >= per_worker:
+                worker.change_state(WorkerState.BUSY)
             task = asyncio.create_task(self._run(worker, jobs))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_tasks.discard)
 
     async def _run(self, worker: Worker, jobs: list[Job]) -> None:
-        if worker.state != WorkerState.BUSY:
-            # It died (or began to stop) between dispatch and now: the batch was never sent,
-            # so it goes back to the front of the queue without using up its retry.
-            for job in reversed(jobs):
-                if not job.done:
-                    self.queue.put(job, front=True)
+        if worker.state not in LIVE_STATES:
+            # It died (or began to stop) between dispatch and now: the batch was never sent.
+            self._release(worker, jobs)
+            self.placement.put_back(worker.worker_id, jobs)
             self.source.batch_finished(worker)
             self.schedule()
             return
@@ -200,72 +213,81 @@ class Dispatcher:
             )
         except WorkerDied:
             if killed_for_time:
-                for job in jobs:
-                    job.fail(
+                self.placement.settle(
+                    worker.worker_id,
+                    jobs,
+                    [
                         GatewayTimeout("The worker ran past its hard time limit and was restarted.")
-                    )
+                        for _ in jobs
+                    ],
+                )
             else:
-                self._retry_or_fail(jobs, worker)
+                self.placement.lost(worker.worker_id, jobs, retry=self._may_retry(worker))
             return
         except Exception:  # a bug here must still answer the batch, and say so in the log
             logger.exception("Running a batch on worker %s failed", worker.worker_id)
-            for job in jobs:
-                job.fail(ServeError(f"Internal error running request {job.item.request_id}."))
+            errors = [
+                ServeError(f"Internal error running request {j.item.request_id}.") for j in jobs
+            ]
+            self.placement.settle(worker.worker_id, jobs, errors)
             return
         finally:
             watchdog.cancel()
-            if worker.state == WorkerState.BUSY:
-                worker.state = WorkerState.READY
+            self._release(worker, jobs)
             self.source.batch_finished(worker)
             self.schedule()
-        for job, result in zip(jobs, outcome.results, strict=True):
-            if isinstance(result, ServeError):
-                if result.status_code == 500:
-                    result.message = (
-                        f"{result.message} (request id {job.item.request_id}; "
-                        "the traceback is in the model log)"
-                    )
-                job.fail(result)
-            else:
-                self._resolve(job, result)
+        self.placement.settle(worker.worker_id, jobs, _answers(jobs, outcome.results))
         if self._on_outcome is not None:
             self._on_outcome(jobs, outcome)
 
-    def _resolve(self, job: Job, result: ItemResult) -> None:
-        """Answer one job with its worker's result (a subclass may add to the result first)."""
-        job.resolve(result)
+    def _release(self, worker: Worker, jobs: list[Job]) -> None:
+        """``jobs`` left ``worker``: it takes work again if it has room (and is in service)."""
+        left = self._running.pop(worker, 0) - len(jobs)
+        if left > 0:
+            self._running[worker] = left
+        per_worker = self.placement.per_worker(self._settings())
+        room = left == 0 if per_worker is None else left < per_worker
+        if room and worker.state is WorkerState.BUSY:
+            worker.change_state(WorkerState.READY)
 
-    def _retry_or_fail(self, jobs: list[Job], dead: Worker) -> None:
-        """Jobs on a worker that died get one more try on another live worker, then an error.
+    def _may_retry(self, dead: Worker) -> bool:
+        """Whether the jobs of a dead worker may try once more elsewhere.
 
         Without another live worker there is no retry: a request that kills its worker would
         otherwise kill the restarted one too. While unloading, nothing retries either.
         """
-        now = time.monotonic()
         others = any(w is not dead and w.state in LIVE_STATES for w in self.source.workers())
-        retry = [
-            j
-            for j in jobs
-            if others and j.retries == 0 and not j.done and j.deadline > now and not self.closing
-        ]
-        for job in jobs:
-            if job not in retry:
-                job.fail(WorkerDied(f"Worker died while processing request {job.item.request_id}."))
-        for job in reversed(retry):
-            job.retries += 1
-            self.queue.put(job, front=True)
+        return others and not self.closing
 
     # ----- draining ------------------------------------------------------------------------
 
     async def drain(self, timeout: float) -> None:
-        """Refuse new work, let queued and running work finish, then fail what is left."""
+        """Refuse new work, let queued and running work finish, then fail what is left.
+
+        Requests the policy carries from batch to batch (continuous batching) may end within
+        ``timeout`` too; after it, they are cut.
+        """
         self.closing = True
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await self.placement.drain_carried(timeout)
         self.schedule()
         if any(w.state in LIVE_STATES for w in self.source.workers()):
             # With no loaded worker, nothing queued would ever run: do not wait for it.
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                await asyncio.wait_for(self._idle.wait(), max(0.0, timeout - (loop.time() - start)))
         self.fail_queued(ShuttingDown("The model was unloaded before the request ran."))
+
+
+def _answers(jobs: list[Job], results: list[ItemResult | ServeError]) -> list[Answer]:
+    """A worker's results, its errors told which request they were and where the traceback is."""
+    for job, result in zip(jobs, results, strict=True):
+        if isinstance(result, ServeError) and result.status_code == 500:
+            result.message = (
+                f"{result.message} (request id {job.item.request_id}; "
+                "the traceback is in the model log)"
+            )
+    return results
 
 
 def _deliver_chunks(jobs: list[Job], chunks: list[ItemResult]) -> None:

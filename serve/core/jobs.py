@@ -26,6 +26,23 @@ class WorkerState(enum.Enum):
 
 LIVE_STATES = (WorkerState.READY, WorkerState.BUSY)
 
+# The moves a worker's state may make. The worker handle is its one writer: the dispatcher (BUSY,
+# READY) and the pool (STOPPING) ask it through ``change_state``, which follows this table, so
+# that no caller can bring a worker back from STOPPING or DEAD.
+_MOVES: dict[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.STARTING: frozenset({WorkerState.READY, WorkerState.STOPPING, WorkerState.DEAD}),
+    WorkerState.READY: frozenset({WorkerState.BUSY, WorkerState.STOPPING, WorkerState.DEAD}),
+    WorkerState.BUSY: frozenset({WorkerState.READY, WorkerState.STOPPING, WorkerState.DEAD}),
+    WorkerState.STOPPING: frozenset({WorkerState.DEAD}),
+    WorkerState.DEAD: frozenset(),
+}
+
+
+def next_state(current: WorkerState, wanted: WorkerState) -> WorkerState:
+    """The state a worker in ``current`` is in once asked for ``wanted``: ``wanted`` if the
+    table allows the move (or it is already there), else ``current``."""
+    return wanted if wanted is current or wanted in _MOVES[current] else current
+
 
 @dataclass(slots=True)
 class BatchItem:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from serve.config import Config, ModelSettings
-from serve.core.batching import JobQueue
 from serve.core.devices import visible_gpus
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
+from serve.core.placement import Placement
 from serve.core.pool import ManagedWorker, WorkerInfo, WorkerPool, WorkerSlot
 from serve.core.sequences import SequenceSettings, make_dispatcher
 from serve.core.threads import ThreadBudget, ThreadDemand
@@ -151,7 +151,7 @@ class ModelVersion:
         return self.dispatcher.in_flight
 
     @property
-    def queue(self) -> JobQueue:
+    def queue(self) -> Placement:
         return self.dispatcher.queue
 
     @property

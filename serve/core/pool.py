@@ -184,7 +184,7 @@ class WorkerPool:
             cap_mb,
         )
         # STOPPING at once, before the dispatcher looks again: it gets no further batch.
-        proc.state = WorkerState.STOPPING
+        proc.change_state(WorkerState.STOPPING)
         slot.recycling = True
         self._on_recycle()
         self._background(proc.stop())

@@ -1,4 +1,9 @@
-"""Sequence batching for stateful models (TorchServe 0.11+): the settings and their checks.
+"""Sequence batching for stateful models (TorchServe 0.11+): settings, open sequences, placement.
+
+Here are the model-config settings and their checks (`SequenceSettings`), the open sequences of
+one model version with their own queues and idle clocks (`SequenceTable`), the pure rule of which
+sequence runs where (`plan_sequence_batches`) and the placement policy the one dispatcher runs
+with for such a model (`SequencePlacement`; see `serve.core.placement`).
 
 A model with ``sequenceBatching: true`` in its model-config.yaml serves *sequences*: requests that
 carry the same sequence id (the ``ts_request_sequence_id`` header; a request without one starts a
@@ -30,8 +35,9 @@ from typing import Any
 
 from serve.config import ModelSettings
 from serve.core.batching import arm_deadline
-from serve.core.dispatcher import Dispatcher, Worker, WorkerSource
-from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, ItemResult, Job, WorkerState
+from serve.core.dispatcher import Dispatcher, WorkerSource
+from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, Job, WorkerState
+from serve.core.placement import Answer, Plan, WorkerView
 from serve.wire.errors import (
     BadRequest,
     Conflict,
@@ -219,8 +225,8 @@ class _Sequence:
 class SequenceTable:
     """Open sequences, each with its own bounded queue; closed after ``sequenceMaxIdleMSec``.
 
-    It also answers what the dispatcher asks of a job queue (``capacity``, ``len``,
-    ``live_count``, ``fail_all``), so describe and drain see the requests waiting in sequences.
+    ``capacity``, ``len`` and ``live_count`` count the requests waiting in all sequences (the
+    placement answers describe and admission with them).
     """
 
     def __init__(self, settings: SequenceSettings) -> None:
@@ -357,11 +363,11 @@ class SequenceTable:
             self._stop_idle_clock(seq)
 
 
-# ----- the dispatcher of a model with sequences --------------------------------------------------
+# ----- the placement policy of a model with sequences -------------------------------------------
 
 
-class SequenceDispatcher(Dispatcher):
-    """`Dispatcher` for ``sequenceBatching`` models: requests queue per sequence (the
+class SequencePlacement:
+    """Sequence affinity for ``sequenceBatching`` models: requests queue per sequence (the
     ``ts_request_sequence_id`` header, or a fresh ``ts-seq-<uuid>`` returned to the client in the
     same header), and `plan_sequence_batches` keeps each sequence in order on one worker.
 
@@ -373,175 +379,141 @@ class SequenceDispatcher(Dispatcher):
     worker in every next batch, with no input, until its answer is complete.
     """
 
-    def __init__(
-        self,
-        name: str,
-        version: str,
-        source: WorkerSource,
-        settings: Callable[[], ModelSettings],
-        sequences: SequenceSettings,
-        *,
-        on_outcome: Callable[[list[Job], BatchOutcome], None] | None = None,
-    ) -> None:
-        super().__init__(name, version, source, settings, on_outcome=on_outcome)
-        self.table = SequenceTable(sequences)
-        self.queue = self.table  # type: ignore[assignment]  (the JobQueue surface it needs)
-        # Continuous batching. Per worker: its carried requests, in the order they came.
+    def __init__(self, settings: SequenceSettings) -> None:
+        self.table = SequenceTable(settings)
+        self.capacity = self.table.capacity
+        self.continuous = settings.continuous
+        # Continuous batching. Per worker: its carried requests waiting for its next batch, in
+        # the order they came; and the ids of every carried job, waiting or running.
         self._carried: dict[str, list[Job]] = {}
-        # Jobs (by id) the last batch answered in part, and sequences its answers ended; both
-        # filled by `_resolve` and emptied by `_run` with no await in between.
-        self._partial: set[int] = set()
-        self._ended: list[str] = []
-        self._sent: set[int] = set()  # ids of the carried jobs, wherever they are now
-        self._none_carried = asyncio.Event()  # set while ``_sent`` is empty (drain waits on it)
+        self._on_worker: set[int] = set()
+        self._none_carried = asyncio.Event()  # set while ``_on_worker`` is empty
         self._none_carried.set()
-        self._cut_carried = False  # set by drain once its time is up: carry nothing more
+        self._cut = False  # set once a drain's time is up: carry nothing more
 
-    def submit(self, item: BatchItem, timeout: float | None = None) -> asyncio.Future[ItemResult]:
-        if self.closing:
-            raise ShuttingDown(f'Model "{self.name}" version {self.version} is being unloaded.')
-        if not self.source.can_serve():
-            raise self.no_workers()
-        seq_id = _header(item.headers, SEQUENCE_ID_HEADER)
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def live_count(self) -> int:
+        return self.table.live_count()
+
+    def per_worker(self, settings: ModelSettings) -> int | None:
+        return None
+
+    def admit(self, job: Job) -> None:
+        headers = job.item.headers
+        seq_id = _header(headers, SEQUENCE_ID_HEADER)
         if not seq_id:
             seq_id = f"ts-seq-{uuid.uuid4()}"
-            item.headers[SEQUENCE_START_HEADER] = "true"
-        item.headers[SEQUENCE_ID_HEADER] = seq_id
-        now = time.monotonic()
-        limit = self._settings().response_timeout
-        if timeout is not None:
-            limit = min(limit, timeout)
-        future: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
-        self.table.admit(seq_id, Job(item, future, now, now + limit))
-        self.in_flight += 1
-        self._idle.clear()
-        future.add_done_callback(self._request_done)
-        self.schedule()
-        return future
+            headers[SEQUENCE_START_HEADER] = "true"
+        headers[SEQUENCE_ID_HEADER] = seq_id
+        self.table.admit(seq_id, job)
 
-    def _dispatch(self) -> None:
-        self._dispatch_pending = False
-        if not self.source.can_serve():
-            # No worker runs or will: what waits in sequences would only wait for its deadline.
-            self.fail_queued(self.no_workers())
-            return
-        workers = self.source.workers()
-        free = {w.worker_id: w for w in workers if w.state == WorkerState.READY}
+    def plan(self, workers: Sequence[WorkerView], now: float, settings: ModelSettings) -> Plan:
+        free = [w.worker_id for w in workers if w.state is WorkerState.READY]
         live = [w.worker_id for w in workers if w.state in LIVE_STATES]
         self._fail_carried_off(live)
-        carried = (
-            {w: len(jobs) for w, jobs in self._carried.items()} if self.table.continuous else None
-        )
-        plan = plan_sequence_batches(
-            self.table.views(), list(free), live, self._settings().batch_size, carried
-        )
-        for worker_id, seq_ids in plan.items():
+        carried = {w: len(jobs) for w, jobs in self._carried.items()} if self.continuous else None
+        chosen = plan_sequence_batches(self.table.views(), free, live, settings.batch_size, carried)
+        plan = Plan()
+        for worker_id, seq_ids in chosen.items():
             jobs = self._carried.pop(worker_id, [])
             jobs += [job for s in seq_ids if (job := self.table.take(s, worker_id)) is not None]
-            if not jobs:
+            if jobs:
+                plan.batches.append((worker_id, jobs))
+        return plan
+
+    def put_back(self, worker_id: str, jobs: list[Job]) -> None:
+        # New jobs go back to their sequences; carried ones were in the worker, which is gone,
+        # and so is their state.
+        carried = [job for job in jobs if id(job) in self._on_worker]
+        fresh = [job for job in jobs if id(job) not in self._on_worker]
+        for job in carried:
+            rid = job.item.request_id
+            self._finish(job, WorkerDied(f"Worker {worker_id} left before request {rid} ended."))
+        for job in reversed(fresh):
+            if not job.done:
+                self.table.put(job, front=True)
+        for job in fresh:
+            self._finish(job)
+
+    def settle(self, worker_id: str, jobs: list[Job], answers: Sequence[Answer]) -> None:
+        ended: list[str] = []
+        for job, answer in zip(jobs, answers, strict=True):
+            if isinstance(answer, ServeError):
+                self._finish(job, answer)
                 continue
-            worker = free[worker_id]
-            worker.state = WorkerState.BUSY
-            task = asyncio.create_task(self._run(worker, jobs))
-            self._batch_tasks.add(task)
-            task.add_done_callback(self._batch_tasks.discard)
+            # The client learns the id of a sequence the server opened for it (TorchServe's REST
+            # answer leaves that to the handler; its gRPC answer carries it).
+            answer.headers.setdefault(SEQUENCE_ID_HEADER, job.item.headers[SEQUENCE_ID_HEADER])
+            if self.continuous:
+                ended += _ended_sequences(answer.headers)
+                if (_header(answer.headers, STREAM_NEXT_HEADER) or "").lower() == "true":
+                    job.push_chunk(answer)
+                    self._carry(worker_id, job)
+                    continue
+            job.resolve(answer)
+            self._finish(job)
+        for seq_id in ended:
+            self.table.end(
+                seq_id,
+                Conflict(
+                    f"Sequence {seq_id} was ended by the model's handler before this "
+                    "request ran; start a new sequence."
+                ),
+            )
 
-    async def _run(self, worker: Worker, jobs: list[Job]) -> None:
-        if worker.state != WorkerState.BUSY:
-            # Never sent: new jobs go back to their sequences (below); carried ones were in the
-            # worker, which is gone, and so is their state.
-            for job in jobs:
-                if id(job) in self._sent:
-                    self._end_carried(job, worker)
-            jobs = [job for job in jobs if id(job) not in self._sent]
-        try:
-            await super()._run(worker, jobs)
-        finally:
-            ended, self._ended = self._ended, []
-            for job in jobs:
-                if id(job) not in self._partial:
-                    self._finish(job)
-                elif self._cut_carried:
-                    self._finish(job, ShuttingDown("The model was unloaded before it completed."))
-                else:
-                    # Sent again with its headers only, as TorchServe re-sends a request
-                    # whose answer goes on (the handler keeps its input).
-                    job.item = BatchItem(job.item.request_id, job.item.headers, [])
-                    job.arrived = time.monotonic()  # its queue wait for the next step starts now
-                    self._carried.setdefault(worker.worker_id, []).append(job)
-                    self._sent.add(id(job))
-                    self._none_carried.clear()
-                self._partial.discard(id(job))
-            for seq_id in ended:
-                self.table.end(
-                    seq_id,
-                    Conflict(
-                        f"Sequence {seq_id} was ended by the model's handler before this "
-                        "request ran; start a new sequence."
-                    ),
-                )
-            if self._carried:
-                self.schedule()
+    def lost(self, worker_id: str, jobs: list[Job], *, retry: bool) -> None:
+        for job in jobs:
+            self._finish(
+                job,
+                WorkerDied(
+                    f"Worker died while processing request {job.item.request_id} of sequence "
+                    f"{job.item.headers[SEQUENCE_ID_HEADER]}; its state was lost."
+                ),
+            )
 
-    def _resolve(self, job: Job, result: ItemResult) -> None:
-        # The client learns the id of a sequence the server opened for it (TorchServe's REST
-        # answer leaves that to the handler; its gRPC answer carries it).
-        result.headers.setdefault(SEQUENCE_ID_HEADER, job.item.headers[SEQUENCE_ID_HEADER])
-        if self.table.continuous:
-            ended = _header(result.headers, SEQUENCE_END_HEADER)
-            if ended:
-                self._ended.extend(s.strip() for s in ended.split(";") if s.strip())
-            if (_header(result.headers, STREAM_NEXT_HEADER) or "").lower() == "true":
-                self._partial.add(id(job))
-                job.push_chunk(result)
-                return
-        super()._resolve(job, result)
-
-    def _fail_carried_off(self, live: Sequence[str]) -> None:
-        """Carried requests of a worker that left service can never complete: answer them."""
-        for worker_id in [w for w in self._carried if w not in live]:
-            for job in self._carried.pop(worker_id):
-                self._end_carried(job, None)
-
-    def fail_queued(self, error: ServeError) -> None:
-        super().fail_queued(error)
+    def fail_waiting(self, error: ServeError) -> None:
+        self.table.fail_all(error)
         carried, self._carried = self._carried, {}
         for jobs in carried.values():
             for job in jobs:
                 self._finish(job, error)
 
-    async def drain(self, timeout: float) -> None:
-        """As `Dispatcher.drain`, and carried requests may complete within ``timeout`` too."""
-        self.closing = True
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        if self._sent:
+    async def drain_carried(self, timeout: float) -> None:
+        if self._on_worker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._none_carried.wait(), timeout)
-        self._cut_carried = True
-        await super().drain(max(0.0, timeout - (loop.time() - start)))
+        self._cut = True
 
-    def _end_carried(self, job: Job, worker: Worker | None) -> None:
-        where = f"Worker {worker.worker_id}" if worker is not None else "Its worker"
-        self._finish(job, WorkerDied(f"{where} left before request {job.item.request_id} ended."))
+    def _carry(self, worker_id: str, job: Job) -> None:
+        if self._cut:
+            self._finish(job, ShuttingDown("The model was unloaded before it completed."))
+            return
+        # Sent again with its headers only, as TorchServe re-sends a request whose answer goes
+        # on (the handler keeps its input).
+        job.item = BatchItem(job.item.request_id, job.item.headers, [])
+        job.arrived = time.monotonic()  # its queue wait for the next step starts now
+        self._carried.setdefault(worker_id, []).append(job)
+        self._on_worker.add(id(job))
+        self._none_carried.clear()
+
+    def _fail_carried_off(self, live: Sequence[str]) -> None:
+        """Carried requests of a worker that left service can never complete: answer them."""
+        for worker_id in [w for w in self._carried if w not in live]:
+            for job in self._carried.pop(worker_id):
+                self._finish(
+                    job, WorkerDied(f"Its worker left before request {job.item.request_id} ended.")
+                )
 
     def _finish(self, job: Job, error: ServeError | None = None) -> None:
         """A job leaves the worker for good (answered already, or now with ``error``)."""
         if error is not None:
             job.fail(error)
-        self._sent.discard(id(job))
-        if not self._sent:
+        self._on_worker.discard(id(job))
+        if not self._on_worker:
             self._none_carried.set()
         self.table.finished(job.item.headers[SEQUENCE_ID_HEADER])
-
-    def _retry_or_fail(self, jobs: list[Job], dead: Worker) -> None:
-        for job in jobs:
-            job.fail(
-                WorkerDied(
-                    f"Worker died while processing request {job.item.request_id} of sequence "
-                    f"{job.item.headers[SEQUENCE_ID_HEADER]}; its state was lost."
-                )
-            )
 
 
 def make_dispatcher(
@@ -553,10 +525,15 @@ def make_dispatcher(
     *,
     on_outcome: Callable[[list[Job], BatchOutcome], None] | None = None,
 ) -> Dispatcher:
-    """A `SequenceDispatcher` for a model with sequence batching, else a plain `Dispatcher`."""
-    if sequences.enabled:
-        return SequenceDispatcher(name, version, source, settings, sequences, on_outcome=on_outcome)
-    return Dispatcher(name, version, source, settings, on_outcome=on_outcome)
+    """The dispatcher of a model version: sequence placement with sequence batching, else plain."""
+    placement = SequencePlacement(sequences) if sequences.enabled else None
+    return Dispatcher(name, version, source, settings, placement, on_outcome=on_outcome)
+
+
+def _ended_sequences(headers: Mapping[str, str]) -> list[str]:
+    """The sequences a ``ts_request_sequence_end`` response header closes."""
+    ended = _header(headers, SEQUENCE_END_HEADER)
+    return [s.strip() for s in ended.split(";") if s.strip()] if ended else []
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

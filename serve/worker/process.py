@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import ServeError, WorkerDied
 from serve.wire.frames import (
     Frame,
@@ -73,7 +73,7 @@ class WorkerProcess:
         # A short random name: the path must not grow with the model's name (sun_path limit).
         self.socket_path = socket_dir / f"w-{secrets.token_hex(6)}.sock"
         self.env = env
-        self.state = WorkerState.STARTING
+        self._state = WorkerState.STARTING
         self.pid: int | None = None
         self.started_at = time.time()
         self.gpu_id: int | None = spec.get("gpu_id")
@@ -93,6 +93,15 @@ class WorkerProcess:
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
         self.arena: Arena | None = None
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        """The one way its state changes (the dispatcher and the pool ask here too)."""
+        self._state = next_state(self._state, wanted)
+        return self._state is wanted
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler is loaded; raises `WorkerStartFailed`."""
@@ -158,7 +167,7 @@ class WorkerProcess:
             self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
             self.gpu_memory: int | None = loaded.meta.get("gpu_memory")  # bytes torch holds
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
-            self.state = WorkerState.READY
+            self.change_state(WorkerState.READY)
         except BaseException:
             self.kill()
             self._close_arena()
@@ -234,7 +243,7 @@ class WorkerProcess:
             logger.error("Worker %s connection failed: %s", self.worker_id, exc)
         # A closed socket means the worker is gone: stop taking batches now, not once the exit
         # watcher has seen the process end (jobs sent meanwhile would fail instead of retrying).
-        self.state = WorkerState.DEAD
+        self.change_state(WorkerState.DEAD)
         self._fail_pending()
         self.kill()
 
@@ -272,7 +281,7 @@ class WorkerProcess:
     async def _watch_exit(self) -> None:
         assert self.proc is not None
         self.exit_code = await self.proc.wait()
-        self.state = WorkerState.DEAD
+        self.change_state(WorkerState.DEAD)
         self._exited.set()
         self._fail_pending()
 
@@ -336,7 +345,7 @@ class WorkerProcess:
 
     async def stop(self, grace: float = 5.0) -> None:
         """Ask the worker to exit; SIGTERM, then SIGKILL, if it does not."""
-        self.state = WorkerState.STOPPING
+        self.change_state(WorkerState.STOPPING)
         if self.proc is None:
             return
         if self._writer is not None and self.proc.returncode is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import WorkerDied
 
 
@@ -21,6 +21,10 @@ class FakeWorker:
         self.killed = False
         self._current: asyncio.Future[BatchOutcome] | None = None
         self._items: list[BatchItem] = []
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
 
     @property
     def holding(self) -> bool:

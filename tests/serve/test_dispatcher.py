@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import serve
 from serve.config import ModelSettings
 from serve.core.dispatcher import Dispatcher
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
+from serve.worker.process import WorkerProcess
 from tests.serve.fake_workers import FakePool
 
 _ids = itertools.count()
@@ -389,3 +393,79 @@ def test_an_unexpected_error_running_a_batch_answers_it_500_and_is_logged(
 
     asyncio.run(scenario())
     assert any(r.exc_info and "Running a batch" in r.getMessage() for r in caplog.records)
+
+
+# ----- a worker's state has one writer ---------------------------------------------------------
+
+_S = WorkerState
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "after"),
+    [
+        (_S.STARTING, _S.READY, _S.READY),  # loaded
+        (_S.STARTING, _S.BUSY, _S.STARTING),  # never handed work before it loads
+        (_S.READY, _S.BUSY, _S.BUSY),
+        (_S.BUSY, _S.READY, _S.READY),
+        (_S.BUSY, _S.STOPPING, _S.STOPPING),
+        (_S.READY, _S.DEAD, _S.DEAD),
+        (_S.STOPPING, _S.READY, _S.STOPPING),  # a batch that ends does not bring it back
+        (_S.STOPPING, _S.BUSY, _S.STOPPING),
+        (_S.STOPPING, _S.DEAD, _S.DEAD),
+        (_S.DEAD, _S.READY, _S.DEAD),  # nothing leaves DEAD
+        (_S.DEAD, _S.STOPPING, _S.DEAD),  # stopping a dead worker leaves it dead
+        (_S.READY, _S.READY, _S.READY),
+    ],
+)
+def test_worker_state_moves_follow_one_table(
+    current: WorkerState, wanted: WorkerState, after: WorkerState
+) -> None:
+    assert next_state(current, wanted) is after
+
+
+def test_the_worker_process_is_the_only_writer_of_its_state(tmp_path: Path) -> None:
+    proc = WorkerProcess("w0", {}, tmp_path)
+    assert proc.state is WorkerState.STARTING
+    with pytest.raises(AttributeError):
+        proc.state = WorkerState.READY  # type: ignore[misc]
+    assert not proc.change_state(WorkerState.BUSY) and proc.state is WorkerState.STARTING
+    assert proc.change_state(WorkerState.READY) and proc.change_state(WorkerState.BUSY)
+    assert proc.change_state(WorkerState.STOPPING)
+    assert not proc.change_state(WorkerState.READY) and proc.state is WorkerState.STOPPING
+
+
+def test_nothing_in_serve_assigns_a_worker_state_but_through_change_state() -> None:
+    public, private = [], set()
+    for path in Path(serve.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Attribute):
+                continue
+            if not (
+                isinstance(node.value.value, ast.Name) and node.value.value.id == "WorkerState"
+            ):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and target.attr == "state":
+                    public.append(f"{path.name}:{node.lineno}")
+                elif isinstance(target, ast.Attribute) and target.attr == "_state":
+                    private.add(path.name)
+    assert public == []
+    assert private == {"process.py"}  # WorkerProcess.__init__: its first state
+
+
+def test_a_worker_that_begins_to_stop_mid_batch_is_not_made_ready_again() -> None:
+    async def scenario() -> None:
+        dispatcher, pool, _ = make(1)
+        (worker,) = pool.workers_
+        future = dispatcher.submit(item())
+        await until(lambda: worker.holding)
+        assert worker.change_state(WorkerState.STOPPING)  # the pool recycles or retires it
+        worker.finish()
+        assert (await future).status == 200
+        await ticks()
+        assert worker.state is WorkerState.STOPPING
+        dispatcher.submit(item())
+        await ticks()
+        assert len(worker.sent) == 1  # it takes no further batch
+
+    run(scenario)

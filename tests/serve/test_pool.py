@@ -9,7 +9,7 @@ import os
 import pytest
 
 from serve.config import ModelSettings
-from serve.core.jobs import WorkerState
+from serve.core.jobs import WorkerState, next_state
 from serve.core.pool import WorkerPool, WorkerSlot, backoff_delay, restart_backoff
 from serve.worker.process import WorkerStartFailed
 
@@ -55,6 +55,10 @@ class _Proc:
         self.fail_start = fail_start
         self.stopped = False
         self._exit = asyncio.Event()
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
 
     async def start(self, timeout: float) -> None:
         if self.fail_start is not None:

@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.dispatcher import Dispatcher
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState, next_state
 from serve.core.sequences import (
     SEQUENCE_END_HEADER,
     SEQUENCE_ID_HEADER,
     SEQUENCE_START_HEADER,
     STREAM_NEXT_HEADER,
-    SequenceDispatcher,
+    SequencePlacement,
     SequenceSettings,
+    SequenceTable,
     SequenceView,
     check_supported_settings,
     plan_sequence_batches,
@@ -181,6 +183,10 @@ class FakeWorker:
         results = self.behaviour(self, items)
         return BatchOutcome(results, {}, [])
 
+    def change_state(self, wanted: WorkerState) -> bool:
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
+
     def kill(self) -> None:
         self.state = WorkerState.DEAD
 
@@ -222,11 +228,26 @@ async def until(condition: Callable[[], object], seconds: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
+class SequenceDispatcher(Dispatcher):
+    """The one dispatcher with sequence placement, and a short way to its state for the tests."""
+
+    placement: SequencePlacement
+
+    @property
+    def table(self) -> SequenceTable:
+        return self.placement.table
+
+    @property
+    def _carried(self) -> dict[str, list[Job]]:
+        return self.placement._carried
+
+
 def make(workers: list[FakeWorker], **yaml: object) -> SequenceDispatcher:
     settings = ModelSettings(batch_size=4, max_batch_delay=10)
     config = {"sequenceBatching": True, "sequenceMaxIdleMSec": 60_000, **yaml}
     sequences = SequenceSettings.from_config(config, 4, len(workers))
-    return SequenceDispatcher("m", "1", FakePool(workers), lambda: settings, sequences)
+    placement = SequencePlacement(sequences)
+    return SequenceDispatcher("m", "1", FakePool(workers), lambda: settings, placement)
 
 
 def item(rid: str, value: int, seq: str | None = None) -> BatchItem:
@@ -523,6 +544,33 @@ async def test_continuous_carried_requests_fail_when_their_worker_leaves_between
     chunks = await drain_stream(first)
     assert isinstance(chunks[-1], WorkerDied) and "left before request a1" in chunks[-1].message
     assert not d._carried and d.table._open["a"].running == 0
+
+
+@in_loop
+async def test_continuous_a_carried_request_whose_worker_dies_before_the_send_fails() -> None:
+    w = FakeWorker("w0", continuous_handler(10_000))
+    d = make_continuous([w], maxSequenceJobQueueSize=4)
+    first = await d.submit(item("a1", 5, "a"))  # carried on w0 from here on
+    pool = d.source
+    assert isinstance(pool, FakePool)
+    listed = pool.workers
+
+    def workers_then_die() -> list[FakeWorker]:
+        # Called by the dispatch that plans a1's next batch with a2: w0 dies before the send.
+        if w.state is not WorkerState.READY or not d.table._open["a"].jobs:
+            return listed()
+        asyncio.get_running_loop().call_soon(w.change_state, WorkerState.DEAD)
+        return listed()
+
+    pool.workers = workers_then_die  # type: ignore[method-assign]
+    second = d.submit(item("a2", 2, "a"))
+    chunks = await drain_stream(first)
+    last = chunks[-1]
+    assert isinstance(last, WorkerDied) and "Worker w0 left before request a1" in last.message
+    assert not second.done() and d.queue.live_count() == 1  # a2 went back to its sequence
+    assert d.table._open["a"].running == 0 and not d._carried
+    assert all("a2" not in batch for batch in w.batches)
+    second.cancel()
 
 
 @in_loop

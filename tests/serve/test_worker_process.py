@@ -27,7 +27,7 @@ def test_a_closed_socket_takes_the_worker_out_of_service_before_its_exit_is_seen
         try:
             ok = await proc.run_batch([BatchItem("r0", {}, [("body", "text/plain", b"fine")])])
             assert b"fine" in ok.results[0].body
-            proc.state = WorkerState.BUSY  # as the dispatcher marks it
+            proc.change_state(WorkerState.BUSY)  # as the dispatcher asks
             with pytest.raises(WorkerDied):
                 await proc.run_batch([BatchItem("r1", {}, [("body", "text/plain", b"hangup")])])
             # The exit watcher has not run yet, and the worker must already be out of service.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from handlers.exceptions import report_failure
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import ServeError, WorkerDied, error_for_status
 from serve.worker.process import WorkerStartFailed
 
@@ -117,6 +117,11 @@ class FakeWorker:
         self.batches: list[list[str]] = []  # the request ids of each batch it ran
         self.exit_code: int | None = None
         self._exited = asyncio.Event()
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        """As `WorkerProcess.change_state`: the dispatcher and the pool move its state here."""
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
 
     async def start(self, timeout: float) -> None:
         try:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState
+from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import WorkerDied
 from serve.wire.frames import Frame, predict_frame
 from serve.worker.main import _chunk_sender, client_errors, load, load_failure, run_batch
@@ -48,6 +48,11 @@ class InlineWorker:
         self._context: Any = None
         self._seq = 0
         self._exited = asyncio.Event()
+
+    def change_state(self, wanted: WorkerState) -> bool:
+        """As `WorkerProcess.change_state`: the dispatcher and the pool move its state here."""
+        self.state = next_state(self.state, wanted)
+        return self.state is wanted
 
     async def start(self, timeout: float) -> None:
         try:
