@@ -93,6 +93,8 @@ class Config:
     # Faults and limits (docs/faults.md).
     max_request_elements: int = 1 << 20  # tensor elements per OIP request (413 past it)
     max_header_size: int = 16 * 1024  # bytes of a request's line and headers (431 past it)
+    workflow_max_nodes: int = 100  # nodes in a workflow's dag (400 past it)
+    workflow_max_edges: int = 1000  # edges in a workflow's dag (400 past it)
     log_max_bytes: int = 100 * 1024 * 1024  # each log file rotates at this size (TorchServe's)
     log_backup_count: int = 5  # rotated files kept per log (TorchServe's DefaultRolloverStrategy)
     # Handler metrics as TorchServe declares them (serve/metrics/config.py).
@@ -190,6 +192,9 @@ class Config:
                 "Config 'enable_grpc_ssl' needs 'private_key_file' and 'certificate_file'"
             )
         for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"Config '{key}' must be at least 1")
+        for key in ("workflow_max_nodes", "workflow_max_edges"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
         if self.max_header_size < 1024:
