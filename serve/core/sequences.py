@@ -32,6 +32,7 @@ from serve.config import ModelSettings
 from serve.core.batching import arm_deadline
 from serve.core.dispatcher import Dispatcher, Worker, WorkerSource
 from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, ItemResult, Job, WorkerState
+from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import (
     BadRequest,
     Conflict,
@@ -403,6 +404,7 @@ class SequenceDispatcher(Dispatcher):
         if not self.source.can_serve():
             raise self.no_workers()
         seq_id = _header(item.headers, SEQUENCE_ID_HEADER)
+        check_length(seq_id or "", "sequence id", MAX_SEQUENCE_ID)
         if not seq_id:
             seq_id = f"ts-seq-{uuid.uuid4()}"
             item.headers[SEQUENCE_START_HEADER] = "true"
