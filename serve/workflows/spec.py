@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from serve.identifiers import shown as cut
 from serve.wire.errors import BadRequest
 
 MAX_SPEC_BYTES = 1024 * 1024  # TorchServe's example specs are a few hundred bytes
@@ -78,8 +79,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def shown(value: Any, limit: int = 40) -> str:
     """``repr(value)`` for a message, cut to ``limit`` characters with an ellipsis."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(repr(value), limit)
 
 
 def node_name(value: Any, where: str) -> str:
@@ -103,7 +103,7 @@ def load_yaml(text: str | bytes) -> Any:
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise InvalidWorkflowSpec(f"Failed to parse yaml: {shown(str(exc), 300)}") from None
+        raise InvalidWorkflowSpec(f"Failed to parse yaml: {cut(str(exc), 300)}") from None
     finally:
         loader.dispose()
 
