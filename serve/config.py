@@ -92,6 +92,9 @@ class Config:
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
     max_request_elements: int = 1 << 20  # tensor elements per OIP request (413 past it)
+    max_header_size: int = 16 * 1024  # bytes of a request's line and headers (431 past it)
+    workflow_max_nodes: int = 100  # nodes in a workflow's dag (400 past it)
+    workflow_max_edges: int = 1000  # edges in a workflow's dag (400 past it)
     log_max_bytes: int = 100 * 1024 * 1024  # each log file rotates at this size (TorchServe's)
     log_backup_count: int = 5  # rotated files kept per log (TorchServe's DefaultRolloverStrategy)
     # Handler metrics as TorchServe declares them (serve/metrics/config.py).
@@ -191,6 +194,11 @@ class Config:
         for key in ("job_queue_size", "batch_size", "max_request_size", "max_request_elements"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"Config '{key}' must be at least 1")
+        for key in ("workflow_max_nodes", "workflow_max_edges"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"Config '{key}' must be at least 1")
+        if self.max_header_size < 1024:
+            raise ConfigError("Config 'max_header_size' must be at least 1024 bytes")
         if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
             raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
         if self.watch_model_store and not self.model_store:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serve.log_safety import escape_args
+
 ACCESS_LOGGER = "serve.access"
 MODEL_LOGGER = "serve.worker"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -46,6 +48,18 @@ class TextFormatter(logging.Formatter):
             cached = (second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second)))
             self._second = cached
         return f"{cached[1]},{int(record.msecs):03d}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        # Client-supplied values arrive as args: one record stays one line (serve.log_safety).
+        # A worker's own records keep their text: it is the handler's, tracebacks included.
+        args = record.args
+        if not args or "worker_id" in record.__dict__:
+            return super().format(record)
+        record.args = escape_args(args)
+        try:
+            return super().format(record)
+        finally:
+            record.args = args
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         worker = record.__dict__.get("worker_id")

@@ -145,6 +145,7 @@ class Server:
                 self.config.drain_timeout,
                 drained=drained,
                 tls=tls,
+                max_header_size=self.config.max_header_size,
             )
         finally:
             self.stop_event.set()

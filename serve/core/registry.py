@@ -28,6 +28,7 @@ from serve.core.model import ModelSource, ModelVersion, WorkerFactory, spawn_wor
 from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
+from serve.identifiers import shown
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
     BadRequest,
@@ -134,18 +135,20 @@ class Registry:
         """The named version, or the default one; raises 404 errors."""
         entry = self.models.get(name)
         if entry is None:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise ModelNotFound(f"Model not found: {shown(name)}")
         if not version:
             return entry.default
         model = entry.versions.get(version)
         if model is None:
-            raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
+            raise ModelVersionNotFound(
+                f"Model version: {shown(version)} does not exist for model: {shown(name)}"
+            )
         return model
 
     def versions(self, name: str) -> list[ModelVersion]:
         entry = self.models.get(name)
         if entry is None:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise ModelNotFound(f"Model not found: {shown(name)}")
         return list(entry.versions.values())
 
     def all_versions(self) -> list[ModelVersion]:

@@ -38,6 +38,7 @@ from serve.core.batching import arm_deadline
 from serve.core.dispatcher import Dispatcher, WorkerSource
 from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, Job, WorkerState
 from serve.core.placement import Answer, Plan, WorkerView
+from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import (
     BadRequest,
     Conflict,
@@ -403,6 +404,7 @@ class SequencePlacement:
     def admit(self, job: Job) -> None:
         headers = job.item.headers
         seq_id = _header(headers, SEQUENCE_ID_HEADER)
+        check_length(seq_id or "", "sequence id", MAX_SEQUENCE_ID)
         if not seq_id:
             seq_id = f"ts-seq-{uuid.uuid4()}"
             headers[SEQUENCE_START_HEADER] = "true"

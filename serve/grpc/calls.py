@@ -5,6 +5,12 @@ generator for a server stream) and raises `ServeError` for failures; `unary` and
 turn it into a ``grpc.aio`` handler that answers the error with its gRPC status
 (``serve/grpc/errors.py``), logs one access line (``protocol=grpc``) and counts the response in
 the server metrics, as the HTTP access log does.
+
+Requests are decoded by `decoder`, not by grpc: a message that is not valid protobuf is answered
+INVALID_ARGUMENT after the token check (grpc itself would answer UNKNOWN and log a traceback per
+call), and logged in one line, at most once per `MALFORMED_LOG_INTERVAL` seconds per method.
+An error's text is cut to `MAX_DETAILS` characters: it travels in the trailers, which have the
+``max_header_size`` bound.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from serve.grpc.errors import grpc_code_for
+from serve.identifiers import MAX_NAME, check_length, shown
 from serve.logs import ACCESS_LOGGER
 from serve.metrics.prometheus import ServerMetrics
-from serve.wire.errors import Forbidden, ServeError, Unauthorized
+from serve.wire.errors import BadRequest, Forbidden, ServeError, Unauthorized
 
 if TYPE_CHECKING:
     from serve.http.auth import TokenAuth
@@ -34,6 +41,57 @@ access_logger = logging.getLogger(ACCESS_LOGGER)
 _FORMAT = '%s "gRPC %s" %s %.2fms model=%s version=%s request_id=%s protocol=grpc'
 # Metadata that is gRPC's own, not the client's: never handed to a handler as a header.
 _TRANSPORT = ("grpc-", ":", "x-lantern-")
+MAX_DETAILS = 2000  # characters of an error's text sent to the client
+MALFORMED_LOG_INTERVAL = 10.0  # seconds between log lines about undecodable requests
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What `decoder` hands the method when the bytes are not a ``message`` protobuf."""
+
+    message: str
+    reason: str
+
+
+def decoder(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer for grpc that never raises: `Undecodable` stands for bad bytes."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # google.protobuf.message.DecodeError, or worse
+            return Undecodable(name, f"{type(exc).__name__}: {exc}")
+
+    return decode
+
+
+class _Throttled:
+    """Says "malformed request" once per interval per method, with how many went unsaid."""
+
+    def __init__(self, interval: float = MALFORMED_LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._last: dict[str, tuple[float, int]] = {}  # method -> (last logged, unsaid since)
+
+    def warn(self, method: str, peer: str, bad: Undecodable) -> None:
+        now = time.monotonic()
+        last, unsaid = self._last.get(method, (-self.interval, 0))
+        if now - last < self.interval:
+            self._last[method] = (last, unsaid + 1)
+            return
+        self._last[method] = (now, 0)
+        more = f" ({unsaid} more since the last line)" if unsaid else ""
+        logger.warning(
+            "Malformed gRPC request on %s from %s: not a %s (%s)%s",
+            method,
+            peer,
+            bad.message,
+            shown(bad.reason, 200),
+            more,
+        )
+
+
+_malformed = _Throttled()
 
 
 @dataclass
@@ -63,6 +121,10 @@ class Call:
         return max(remaining, 0.0) if remaining is not None else None
 
     def label(self, model: str, version: str | None) -> None:
+        """Name the call's model for the access log; absurdly long names are refused."""
+        self.model, self.version = shown(model), shown(version) if version else version
+        check_length(model, "model name", MAX_NAME)  # refused: the access log shows it cut
+        check_length(version or "", "model version", MAX_NAME)
         self.model, self.version = model, version
 
 
@@ -76,6 +138,14 @@ def _start(context: grpc.aio.ServicerContext, method: str) -> Call:
     rid = given if 0 < len(given) <= 128 and given.isprintable() else str(uuid.uuid4())
     context.set_trailing_metadata((("x-request-id", rid),))
     return Call(context, method, rid, metadata)
+
+
+def _decoded(call: Call, request: Any) -> Any:
+    """``request`` as decoded by `decoder`; `Undecodable` is a 400 (INVALID_ARGUMENT)."""
+    if isinstance(request, Undecodable):
+        _malformed.warn(call.method, call.context.peer() or "-", request)
+        raise BadRequest(f"The request is not a valid {request.message} message.")
+    return request
 
 
 class Methods:
@@ -105,7 +175,7 @@ class Methods:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _start(context, method)
             async with self._answered(call):
-                return await fn(call, request)
+                return await fn(call, _decoded(call, request))
 
         return handler
 
@@ -113,7 +183,7 @@ class Methods:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = _start(context, method)
             async with self._answered(call):
-                async for response in fn(call, request):
+                async for response in fn(call, _decoded(call, request)):
                     yield response
 
         return handler
@@ -142,8 +212,17 @@ class Methods:
         self, method: str, fn: Callable[[Call, AsyncIterator[Any]], AsyncIterator[Any]]
     ) -> Any:
         """A bidirectional stream: ``fn`` answers its per-request errors in band itself; the
-        call's own errors, auth and accounting are a server stream's."""
-        return self.server_stream(method, fn)
+        call's own errors, auth and accounting are a server stream's. An undecodable message
+        ends the stream with INVALID_ARGUMENT."""
+
+        def checked(call: Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async def decoded() -> AsyncIterator[Any]:
+                async for request in requests:
+                    yield _decoded(call, request)
+
+            return fn(call, decoded())
+
+        return self.server_stream(method, checked)
 
     def _unexpected(self, call: Call) -> ServeError:
         logger.exception("Unhandled error in gRPC request %s", call.request_id)
@@ -152,7 +231,8 @@ class Methods:
     async def _abort(self, call: Call, err: ServeError) -> None:
         """End the call with ``err``'s status; raises ``grpc.aio.AbortError``, as abort does."""
         call.http_status = err.status_code
-        await call.context.abort(getattr(grpc.StatusCode, grpc_code_for(err)), err.message)
+        code = getattr(grpc.StatusCode, grpc_code_for(err))
+        await call.context.abort(code, shown(err.message, MAX_DETAILS))
 
     def _done(self, call: Call, code: str) -> None:
         seconds = time.perf_counter() - call.started

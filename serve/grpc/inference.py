@@ -17,10 +17,11 @@ from typing import Any
 from google.rpc import error_details_pb2, status_pb2
 
 from serve.core.model import ModelVersion
-from serve.grpc.calls import Call, Methods
+from serve.grpc.calls import Call, Methods, decoder
 from serve.grpc.errors import grpc_code_for
 from serve.grpc.gen import inference_pb2 as pb
 from serve.http.common import ServerState
+from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import BadRequest, ServeError, error_for_status
 from serve.worker.process import BatchItem, ItemResult
 
@@ -45,7 +46,7 @@ class InferenceService:
         def unary(name: str, fn: Any, request: Any, response: Any) -> Any:
             return grpc.unary_unary_rpc_method_handler(
                 methods.unary(f"/{SERVICE}/{name}", fn),
-                request_deserializer=request.FromString,
+                request_deserializer=decoder(request),
                 response_serializer=response.SerializeToString,
             )
 
@@ -58,12 +59,12 @@ class InferenceService:
             ),
             "StreamPredictions": grpc.unary_stream_rpc_method_handler(
                 methods.server_stream(f"/{SERVICE}/StreamPredictions", self.stream_predictions),
-                request_deserializer=pb.PredictionsRequest.FromString,
+                request_deserializer=decoder(pb.PredictionsRequest),
                 response_serializer=pb.PredictionResponse.SerializeToString,
             ),
             "StreamPredictions2": grpc.stream_stream_rpc_method_handler(
                 methods.stream_stream(f"/{SERVICE}/StreamPredictions2", self.stream_predictions2),
-                request_deserializer=pb.PredictionsRequest.FromString,
+                request_deserializer=decoder(pb.PredictionsRequest),
                 response_serializer=pb.PredictionResponse.SerializeToString,
             ),
         }
@@ -108,9 +109,8 @@ class InferenceService:
                 async for result in self._run(call, model, request, headers, rid):
                     yield pb.PredictionResponse(prediction=result.body, sequence_id=sequence_id)
             except ServeError as err:
-                yield pb.PredictionResponse(
-                    sequence_id=request.sequence_id, status=_status_message(err)
-                )
+                echoed = request.sequence_id if len(request.sequence_id) <= MAX_SEQUENCE_ID else ""
+                yield pb.PredictionResponse(sequence_id=echoed, status=_status_message(err))
 
     # ----- the shared path -----------------------------------------------------------------
 
@@ -171,6 +171,7 @@ def _sequence_headers(
     """
     headers = dict(headers)
     sequence_id = request.sequence_id
+    check_length(sequence_id, "sequence id", MAX_SEQUENCE_ID)
     if not sequence_id:
         if not _flag(request.input.get(SEQUENCE_START)):
             raise BadRequest("Parameter sequenceId is required.")

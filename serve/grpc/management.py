@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from serve.core import manage
-from serve.grpc.calls import Call, Methods
+from serve.grpc.calls import Call, Methods, decoder
 from serve.grpc.gen import management_pb2 as pb
 from serve.http.common import ServerState
 from serve.wire.errors import BadRequest
@@ -48,7 +48,7 @@ class ManagementService:
         return {
             name: grpc.unary_unary_rpc_method_handler(
                 methods.unary(f"/{SERVICE}/{name}", fn),
-                request_deserializer=request.FromString,
+                request_deserializer=decoder(request),
                 response_serializer=pb.ManagementResponse.SerializeToString,
             )
             for name, (fn, request) in table.items()

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from serve.core.model import ModelVersion
-from serve.grpc.calls import Call, Methods
+from serve.grpc.calls import Call, Methods, decoder
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
 from serve.http.common import ServerState
@@ -55,7 +55,7 @@ class OipService:
         return {
             name: grpc.unary_unary_rpc_method_handler(
                 methods.unary(f"/{service}/{name}", fn),
-                request_deserializer=request.FromString,
+                request_deserializer=decoder(request),
                 response_serializer=response.SerializeToString,
             )
             for name, (fn, request, response) in table.items()

@@ -72,6 +72,11 @@ class GrpcServers:
                 ("grpc.max_receive_message_length", config.max_request_size),
                 ("grpc.max_send_message_length", config.max_response_size),
                 ("grpc.so_reuseport", 0),
+                # Metadata is gRPC's headers: one bound, max_header_size, answered
+                # RESOURCE_EXHAUSTED by grpc itself. Soft and hard limit alike: grpc refuses
+                # at random between them otherwise (defaults 8 and 16 KiB).
+                ("grpc.max_metadata_size", config.max_header_size),
+                ("grpc.absolute_max_metadata_size", config.max_header_size),
             ]
         )
         for service, handlers in services.items():

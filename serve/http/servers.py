@@ -17,9 +17,12 @@ import socket
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from serve.http.header_limit import HeadLimit, limited_httptools
+
 logger = logging.getLogger(__name__)
 
 Binding = tuple[Any, socket.socket]
+DEFAULT_MAX_HEADER_SIZE = 16 * 1024  # serve.config.Config.max_header_size
 
 
 async def run_servers(
@@ -29,6 +32,7 @@ async def run_servers(
     graceful_timeout: float,
     drained: asyncio.Event | None = None,
     tls: Sequence[Any] | None = None,
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
 ) -> None:
     """Serve every ``(app, socket)`` until ``stop`` is set; then shut down in two steps.
 
@@ -37,14 +41,15 @@ async def run_servers(
     arrives on them (see `serve.http.draining`). When ``drained`` is set (default: ``stop``), the
     connections are closed and requests still being answered get ``graceful_timeout`` seconds.
     ``tls`` holds, per binding, the `serve.http.tls.TlsFiles` that binding serves HTTPS
-    with, or None.
+    with, or None. A request whose line and headers take more than ``max_header_size`` bytes
+    is answered 431 and its connection closed (`serve.http.header_limit`).
     """
     runner = _run_uvicorn if kind == "uvicorn" else _run_hypercorn
     done = drained or stop
     per_binding = list(tls) if tls is not None else [None] * len(bindings)
     await asyncio.gather(
         *(
-            runner(app, sock, stop, done, graceful_timeout, files)
+            runner(app, sock, stop, done, graceful_timeout, files, max_header_size)
             for (app, sock), files in zip(bindings, per_binding, strict=True)
         )
     )
@@ -57,6 +62,7 @@ async def _run_hypercorn(
     drained: asyncio.Event,
     grace: float,
     tls: Any = None,
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
 ) -> None:
     # hypercorn's serve() closes its listeners and its idle connections in one step, on one
     # trigger; we accept connections ourselves (hypercorn's own per-connection server does the
@@ -71,12 +77,14 @@ async def _run_hypercorn(
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = grace
     config.keep_alive_timeout = 75.0
+    config.h11_max_incomplete_size = max_header_size  # h11 answers 431 past it
+    config.h2_max_header_list_size = max_header_size  # HTTP/2: advertised, then enforced by h2
     if tls is not None:
         tls.apply_to_hypercorn(config)
     ssl = config.create_ssl_context() if config.ssl_enabled else None
     loop = asyncio.get_running_loop()
     context = WorkerContext(None)
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    wrapped = wrap_app(HeadLimit(app, max_header_size), config.wsgi_max_body_size, "asgi")
     connections: set[asyncio.Task[Any]] = set()
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -111,6 +119,7 @@ async def _run_uvicorn(
     drained: asyncio.Event,
     grace: float,
     tls: Any = None,
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
 ) -> None:
     try:
         import uvicorn
@@ -131,7 +140,8 @@ async def _run_uvicorn(
         log_config=None,
         timeout_graceful_shutdown=grace,
         timeout_keep_alive=75,
-        http="httptools" if _has("httptools") else "h11",
+        http=limited_httptools(max_header_size) if _has("httptools") else "h11",
+        h11_max_incomplete_event_size=max_header_size,  # h11 answers 400 past it
         **(tls.uvicorn_options() if tls is not None else {}),
     )
     server = _Server(config)

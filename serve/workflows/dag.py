@@ -10,7 +10,8 @@ output, or with several leaves a JSON object of their outputs by node name.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from serve.wire.errors import BadRequest
@@ -36,29 +37,33 @@ class Dag:
 
 
 def build_dag(edges: Mapping[str, Sequence[str]]) -> Dag:
-    """Validate ``node -> children`` edges and return the `Dag`; raises `InvalidDAG`."""
+    """Validate ``node -> children`` edges and return the `Dag`; raises `InvalidDAG`.
+
+    Linear in nodes + edges, whatever the DAG's shape."""
     children: dict[str, list[str]] = {}
     parents: dict[str, list[str]] = {}
     for node, kids in edges.items():
         children.setdefault(node, [])
         parents.setdefault(node, [])
+        seen: set[str] = set()
         for kid in kids:
             if kid == node:
                 raise InvalidDAG(f"Self loop exception: node {node} feeds itself.")
-            if kid in children[node]:
+            if kid in seen:
                 raise InvalidDAG(f"Duplicate edge {node} -> {kid}.")
+            seen.add(kid)
             children[node].append(kid)
             children.setdefault(kid, [])
             parents.setdefault(kid, []).append(node)
     starts = [n for n in children if not parents[n]]
     if len(starts) != 1:
         raise InvalidDAG(
-            f"DAG should have only one start node; found {len(starts)}: {', '.join(starts)}"
+            f"DAG should have only one start node; found {len(starts)}: {_some(starts)}"
         )
     order = topological_order(children, parents)
     if len(order) != len(children):
         stuck = sorted(set(children) - set(order))
-        raise InvalidDAG(f"Not a valid DAG: a cycle runs through {', '.join(stuck)}.")
+        raise InvalidDAG(f"Not a valid DAG: a cycle runs through {_some(stuck)}.")
     return Dag(
         {n: tuple(k) for n, k in children.items()},
         {n: tuple(p) for n, p in parents.items()},
@@ -73,16 +78,23 @@ def topological_order(
 ) -> list[str]:
     """Kahn's order (ties in spec order); nodes on a cycle are left out."""
     waiting = {n: len(parents[n]) for n in children}
-    ready = [n for n in children if waiting[n] == 0]
+    ready = deque(n for n in children if waiting[n] == 0)
     order: list[str] = []
     while ready:
-        node = ready.pop(0)
+        node = ready.popleft()
         order.append(node)
         for kid in children[node]:
             waiting[kid] -= 1
             if waiting[kid] == 0:
                 ready.append(kid)
     return order
+
+
+def _some(names: Iterable[str], most: int = 10) -> str:
+    """The first ``most`` names, comma-separated, then how many more (messages stay short)."""
+    listed = list(names)
+    more = len(listed) - most
+    return ", ".join(listed[:most]) + (f" and {more} more" if more > 0 else "")
 
 
 def node_params(

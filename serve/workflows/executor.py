@@ -3,7 +3,9 @@
 No user code runs here: each node is called through ``invoke`` (a model version's ``submit``),
 and only bytes move between nodes. Each attempt of a node has its own ``timeout-ms``; a failed
 or timed-out attempt is retried ``retry-attempts`` times; then the request fails with the node
-named (500), and the node calls still running are cancelled.
+named (500), and the node calls still running are cancelled. A node's output larger than
+``max_output`` (the server's ``max_response_size``) ends the request at once, not retried, with
+the error ``/predictions`` gives for such an output.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ class NodeFailed(ServeError):
     error_type = "InternalServerException"
 
 
+def too_large(limit: int) -> ServeError:
+    """What ``/predictions`` answers for a model output over ``max_response_size``."""
+    return ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
+
+
+class _OutputTooLarge(Exception):
+    """Inside `_call`: the node answered more than ``max_output`` bytes."""
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """One finished node call, for metrics and the access log."""
@@ -50,6 +61,7 @@ async def run_dag(
     request_id: str,
     invoke: Invoke,
     report: Callable[[NodeReport], None] = lambda _: None,
+    max_output: int | None = None,
 ) -> list[tuple[str, bytes]]:
     """Run the DAG for one request; returns ``(leaf, output)`` in the order leaves finished."""
     inputs: dict[str, list[tuple[str, bytes]]] = {node: [] for node in dag.order}
@@ -59,7 +71,7 @@ async def run_dag(
 
     def start(node: str) -> None:
         params = node_params(dag, node, request, inputs[node])
-        call = _call(node, settings[node], params, headers, request_id, invoke, report)
+        call = _call(node, settings[node], params, headers, request_id, invoke, report, max_output)
         running[asyncio.ensure_future(call)] = node
 
     start(dag.start)
@@ -90,6 +102,7 @@ async def _call(
     request_id: str,
     invoke: Invoke,
     report: Callable[[NodeReport], None],
+    max_output: int | None = None,
 ) -> bytes:
     node_request_id = f"{request_id}:{node}"
     timeout = settings.timeout_ms / 1000.0
@@ -101,13 +114,19 @@ async def _call(
         item = BatchItem(node_request_id, dict(headers), list(params))
         try:
             result = await asyncio.wait_for(invoke(node, item, timeout), timeout)
-            body = await _whole_body(result)
+            body = await _whole_body(result, max_output)
             if result.status < 400:
                 seconds = time.perf_counter() - started
                 report(NodeReport(node, result.status, seconds, attempt, request_id))
                 return body
             status = result.status
             reason = f"status {result.status}: {body[:200].decode(errors='replace')}"
+        except _OutputTooLarge:
+            assert max_output is not None
+            report(NodeReport(node, 500, time.perf_counter() - started, attempt, request_id))
+            err = too_large(max_output)
+            logger.error("Workflow request %s: node %s: %s", request_id, node, err.message)
+            raise ServeError(f"{err.message} (node {node}, request id {request_id})") from None
         except asyncio.TimeoutError:
             status, reason = 504, f"no answer within timeout-ms ({settings.timeout_ms} ms)"
         except GatewayTimeout:  # the deadline passed while the call waited in the node's queue
@@ -132,13 +151,20 @@ async def _call(
     raise NodeFailed(message)
 
 
-async def _whole_body(result: ItemResult) -> bytes:
-    """A streamed answer (send_intermediate_predict_response) is joined into one body."""
+async def _whole_body(result: ItemResult, limit: int | None = None) -> bytes:
+    """A streamed answer (send_intermediate_predict_response) is joined into one body; past
+    ``limit`` bytes it raises `_OutputTooLarge` (a stream: as soon as the chunks pass it)."""
+    size = len(result.body)
+    if limit is not None and size > limit:
+        raise _OutputTooLarge
     if result.stream is None:
         return result.body
     parts = [result.body]
     while (chunk := await result.stream.get()) is not None:
         if isinstance(chunk, ServeError):
             raise chunk
+        size += len(chunk.body)
+        if limit is not None and size > limit:
+            raise _OutputTooLarge
         parts.append(chunk.body)
     return b"".join(parts)

@@ -5,6 +5,10 @@ registered from its spec ``url`` (model store and ``allowed_urls`` rules) with t
 and batching; a function node is registered from the workflow's own folder with the handler
 ``<handler file>:<node>``, so it runs in a worker process, never in the frontend. If any node
 fails to register, the ones that did are removed again and the workflow is not registered.
+
+The archive is opened, and its spec parsed and checked, on a thread: a hostile spec costs the
+event loop nothing (`serve.workflows.spec` bounds it). A refused archive's full reason, with the
+store's paths, goes to the log; the client gets it without server paths.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from serve.wire.errors import (
     NotFound,
     ServeError,
 )
+from serve.wire.redact import client_message
 from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import Dag, Param, build_dag, compose_answer
-from serve.workflows.executor import NodeReport, run_dag
+from serve.workflows.executor import NodeReport, run_dag, too_large
 from serve.workflows.metrics import WorkflowMetrics
-from serve.workflows.spec import NodeSettings, WorkflowSpec, parse_spec
+from serve.workflows.spec import NodeSettings, SpecLimits, WorkflowSpec, parse_spec
 
 if TYPE_CHECKING:
     from serve.config import Config
@@ -95,6 +100,7 @@ class Workflows:
         self.workflows: dict[str, Workflow] = {}
         self._pending: set[str] = set()
         self.metrics = WorkflowMetrics(metrics)
+        self.limits = SpecLimits(config.workflow_max_nodes, config.workflow_max_edges)
 
     # ----- lookups ---------------------------------------------------------------------
 
@@ -165,11 +171,14 @@ class Workflows:
         except (ArchiveError, OSError) as exc:
             shutil.rmtree(dest, ignore_errors=True)
             self._forget(location)
-            raise InvalidWorkflow(f"Invalid workflow archive {url}: {exc}") from exc
+            logger.warning("Refused workflow archive %s: %s", url, exc)
+            raise InvalidWorkflow(
+                f"Invalid workflow archive {url}: {client_message(str(exc))}"
+            ) from exc
         cleanup = dest if archive.workflow_dir.is_relative_to(dest.resolve()) else None
         try:
             name = workflow_name or archive.workflow_name
-            workflow = self._plan(name, url, archive, location, cleanup)
+            workflow = await asyncio.to_thread(self._plan, name, url, archive, location, cleanup)
             if name in self.workflows or name in self._pending:
                 raise Conflict(f"Workflow {name} is already registered.")
         except ServeError:
@@ -207,8 +216,10 @@ class Workflows:
         try:
             text = archive.spec_file.read_bytes()
         except OSError as exc:
-            raise InvalidWorkflow(f"Cannot read the workflow spec: {exc}") from None
-        spec = parse_spec(text)
+            raise InvalidWorkflow(
+                f"Cannot read the workflow spec {archive.spec_file.name}: {exc.strerror}"
+            ) from None
+        spec = parse_spec(text, self.limits)
         dag = build_dag(spec.edges)
         functions = [n for n in dag.order if not spec.is_model(n)]
         if functions and not archive.handler:
@@ -334,8 +345,12 @@ class Workflows:
     async def predict(
         self, name: str, params: list[Param], headers: dict[str, str], request_id: str
     ) -> bytes:
-        """Run one request through the workflow's DAG; returns the answer's body."""
+        """Run one request through the workflow's DAG; returns the answer's body.
+
+        Every node's output, and the answer, is held to ``max_response_size``; an answer of
+        several leaves is composed on a thread (it parses and writes each leaf's JSON)."""
         wf = self.get(name)
+        limit = self.config.max_response_size
         started = time.perf_counter()
         status = 500
         try:
@@ -347,11 +362,17 @@ class Workflows:
                 request_id,
                 lambda node, item, timeout: self._invoke(wf, node, item, timeout),
                 lambda report: self._node_done(wf, report),
+                max_output=limit,
             )
             try:
-                body = compose_answer(leaves)
+                if len(leaves) == 1:
+                    body = compose_answer(leaves)
+                else:
+                    body = await asyncio.to_thread(compose_answer, leaves)
             except ValueError as exc:
                 raise ServeError(f"{exc} (request id {request_id})") from None
+            if len(body) > limit:
+                raise ServeError(f"{too_large(limit).message} (request id {request_id})")
             status = 200
             return body
         except ServeError as exc:
