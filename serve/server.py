@@ -244,7 +244,11 @@ class Server:
                 logger.warning("Not writing a config snapshot: some startup models did not load")
             else:
                 snapshots.save(self.registry, self.config)
-            self.registry.listeners.append(lambda: snapshots.save(self.registry, self.config))
+
+            def save_snapshot() -> None:
+                snapshots.save(self.registry, self.config)
+
+            self.registry.listeners.append(save_snapshot)
 
     async def _restore(self, snapshots: Any, path: Path, data: dict[str, Any]) -> None:
         """TorchServe's rule: without a config file, the last snapshot replaces ``--models``."""

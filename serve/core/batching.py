@@ -100,7 +100,7 @@ def plan_batches(
         # More work is likely on its way while other workers are busy: let the batch fill.
         return [], max_delay - oldest_age
     per_worker = min(batch_size, math.ceil(waiting / free_workers))
-    sizes = []
+    sizes: list[int] = []
     remaining = waiting
     while remaining > 0 and len(sizes) < free_workers:
         take = min(per_worker, remaining)

@@ -385,7 +385,8 @@ class SequenceDispatcher(Dispatcher):
     ) -> None:
         super().__init__(name, version, source, settings, on_outcome=on_outcome)
         self.table = SequenceTable(sequences)
-        self.queue = self.table  # type: ignore[assignment]  (the JobQueue surface it needs)
+        # SequenceTable has the JobQueue surface the dispatcher uses; no common type yet.
+        self.queue = self.table  # type: ignore[assignment]
         # Continuous batching. Per worker: its carried requests, in the order they came.
         self._carried: dict[str, list[Job]] = {}
         # Jobs (by id) the last batch answered in part, and sequences its answers ended; both

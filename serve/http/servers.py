@@ -129,7 +129,8 @@ async def _run_uvicorn(
         lifespan="off",
         access_log=False,
         log_config=None,
-        timeout_graceful_shutdown=grace,
+        # uvicorn declares an int, and passes it to asyncio.wait_for: a float works.
+        timeout_graceful_shutdown=grace,  # type: ignore[arg-type]
         timeout_keep_alive=75,
         http="httptools" if _has("httptools") else "h11",
         **(tls.uvicorn_options() if tls is not None else {}),

@@ -256,7 +256,7 @@ class ServerMetrics:
         return render(self.families(names))
 
     def _status_families(self) -> list[Metric]:
-        families = []
+        families: list[Metric] = []
         for cls, count in self.status_classes.items():
             name = f"Requests{cls}XX"
             family = BareCounter(name, f"Responses with a {cls}xx status, on every port.")
@@ -388,7 +388,7 @@ def render(families: Iterable[Metric]) -> bytes:
                 bare.append(f"{s.name}{{{labels}}} {float(s.value)!r}\n")
         else:
             standard.append(family)
-    return generate_latest(_Families(standard)) + "".join(bare).encode()  # type: ignore[arg-type]
+    return generate_latest(_Families(standard)) + "".join(bare).encode()
 
 
 def _escape(value: str) -> str:
