@@ -17,7 +17,7 @@ import pytest
 from archiver import ArchiveError, build, open_archive, read_manifest
 
 if TYPE_CHECKING:
-    from conftest import ModelInputs
+    from tests.archiver.conftest import ModelInputs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ["default", "zip-store", "tgz", "no-archive"]
