@@ -447,6 +447,7 @@ def build_app(args: Mapping[str, Any]) -> Any:
     per_node = args.get("max_replicas_per_node")
     deployments: dict[str, Any] = {}
     entries: list[dict[str, Any]] = []
+    model_deployment = _deployment(LanternModel)
     for spec in specs:
         name, _, url = spec.rpartition("=")
         archive = (store / url).resolve()
@@ -460,18 +461,14 @@ def build_app(args: Mapping[str, Any]) -> Any:
         version = str(model_info.get("modelVersion") or "1.0")
         settings = config.default_model_settings().merged(model_config)
         plan = plan_deployment(name, version, settings, max_replicas_per_node=per_node)
-        deployments[plan.name] = (
-            _deployment(LanternModel)
-            .options(**plan.options)
-            .bind(
-                name,
-                version,
-                str(archive),
-                None,
-                _settings_dict(settings),
-                plan.max_batch_size,
-                plan.batch_wait_timeout_s,
-            )
+        deployments[plan.name] = model_deployment.options(**plan.options).bind(
+            name,
+            version,
+            str(archive),
+            None,
+            _settings_dict(settings),
+            plan.max_batch_size,
+            plan.batch_wait_timeout_s,
         )
         entries.append(
             {

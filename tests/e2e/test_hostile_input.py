@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,7 @@ MAX_ELEMENTS = 1_500_000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("hostile")
     store = work / "store"
     store.mkdir()

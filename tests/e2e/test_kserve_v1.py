@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,8 +20,14 @@ from tests.protocols import models
 from tests.support.server import LanternServer
 
 
+class OnnxServer(LanternServer):
+    """The server, and the ONNX file its ``multi`` archive serves (to compute the answers)."""
+
+    onnx_path: Path
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnnxServer]:
     work = tmp_path_factory.mktemp("kserve_v1")
     store = work / "store"
     store.mkdir()
@@ -30,13 +38,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
         models.custom_archive(
             store, f"custom-{version}", version=version, config={"factor": factor}
         )
-    srv = LanternServer(
+    srv = OnnxServer(
         work,
         store,
         ["multi=multi.mar", "scale=scale.mar", "custom=custom-1.0.mar", "custom=custom-2.0.mar"],
     )
     srv.start()
-    srv.onnx_path = multi  # type: ignore[attr-defined]
+    srv.onnx_path = multi
     deadline = time.monotonic() + 60  # the second version is not the default: /ping ignores it
     while time.monotonic() < deadline:
         status = httpx.get(f"{srv.inference}/v1/models/custom/versions/2.0").json()
@@ -105,7 +113,7 @@ def _multi_arrays(batch: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def test_multi_input_multi_output_rows_and_columns(server: LanternServer) -> None:
+def test_multi_input_multi_output_rows_and_columns(server: OnnxServer) -> None:
     arrays = _multi_arrays(2, seed=1)
     features, probabilities = models.run_onnx(server.onnx_path, arrays)
     rows = {
@@ -213,7 +221,7 @@ def test_errors(server: LanternServer) -> None:
     )
 
 
-def test_instances_from_concurrent_requests_batch_together(server: LanternServer) -> None:
+def test_instances_from_concurrent_requests_batch_together(server: OnnxServer) -> None:
     def call(seed: int) -> tuple[dict[str, np.ndarray], list]:
         arrays = _multi_arrays(1 + seed % 2, seed=200 + seed)
         body = {

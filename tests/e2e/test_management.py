@@ -603,7 +603,7 @@ def test_lifecycle_changes_under_concurrent_inference(
                 time.sleep(0.01)
         return outcomes
 
-    steps = [
+    steps: list[tuple[str, str, dict[str, Any]]] = [
         ("POST", "/models", {"url": "echo-v2.mar", "model_name": "busy", "initial_workers": 1}),
         ("PUT", "/models/busy/1.0", {"min_worker": 2, "synchronous": "true"}),
         ("PUT", "/models/busy/2.0/set-default", {}),

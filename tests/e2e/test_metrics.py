@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.server import HANDLERS, LanternServer, build_archive, echo_archive
@@ -36,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     srv.stop()
 
 
-def scrape(server: LanternServer, *names: str) -> dict[str, object]:
+def scrape(server: LanternServer, *names: str) -> dict[str, Metric]:
     response = httpx.get(
         f"{server.metrics}/metrics", params=[("name[]", n) for n in names], timeout=10
     )
@@ -44,10 +45,10 @@ def scrape(server: LanternServer, *names: str) -> dict[str, object]:
     return {f.name: f for f in text_string_to_metric_families(response.text)}
 
 
-def value(families: dict[str, object], sample: str, **labels: str) -> float:
+def value(families: dict[str, Metric], sample: str, **labels: str) -> float:
     """The first sample named ``sample`` whose labels include ``labels``; 0 if none yet."""
     for family in families.values():
-        for s in family.samples:  # type: ignore[attr-defined]
+        for s in family.samples:
             if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     return 0.0
@@ -113,7 +114,9 @@ async def _load_and_watch(server: LanternServer, count: int) -> tuple[list[int],
             asyncio.create_task(client.post(url, content=f"c{i}".encode())) for i in range(count)
         ]
         depth = in_flight = 0.0
-        params = [("name[]", "serve_queue_depth"), ("name[]", "serve_requests_in_flight")]
+        params = httpx.QueryParams(
+            [("name[]", "serve_queue_depth"), ("name[]", "serve_requests_in_flight")]
+        )
         while not all(t.done() for t in tasks):
             text = (await client.get(f"{server.metrics}/metrics", params=params)).text
             families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -152,16 +155,16 @@ def test_handler_metrics_appear_with_dimensions(server: LanternServer) -> None:
     assert predict(server, b"m").status_code == 200
     families = scrape(server)
     ts_requests = families["ts_inference_requests"]
-    hostname = ts_requests.samples[0].labels["hostname"]  # type: ignore[attr-defined]
+    hostname = ts_requests.samples[0].labels["hostname"]
     dims = {"ModelName": "obs", "Level": "Model", "Hostname": hostname}
     rows = families["RowsSeen"]
-    assert rows.type == "counter"  # type: ignore[attr-defined]
+    assert rows.type == "counter"
     assert value(families, "RowsSeen_total", Kind="rows", **dims) >= 1
     for name, expected in (("EchoTime", 1.5), ("EchoSize", 2.0), ("EchoPercent", 42.0)):
-        assert families[name].type == "gauge", name  # type: ignore[attr-defined]
+        assert families[name].type == "gauge", name
         assert value(families, name, **dims) == expected
     # A name and a dimension that are not valid Prometheus names are sanitised.
-    assert families["Echo_Batch_rows"].type == "counter"  # type: ignore[attr-defined]
+    assert families["Echo_Batch_rows"].type == "counter"
     assert value(families, "Echo_Batch_rows_total", odd_dim="x y", **dims) >= 1
     # BaseHandler's own HandlerTime (ms), as TorchServe reports it.
     assert value(families, "HandlerTime", **dims) > 0
@@ -186,9 +189,7 @@ def test_status_codes_are_counted(server: LanternServer) -> None:
     assert delta("Requests4XX_total") == 1
     # No series for a model name nobody registered.
     assert not any(
-        s.labels.get("model") == "no-such-model"
-        for f in after.values()
-        for s in f.samples  # type: ignore[attr-defined]
+        s.labels.get("model") == "no-such-model" for f in after.values() for s in f.samples
     )
 
 

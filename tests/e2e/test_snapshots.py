@@ -104,7 +104,7 @@ def test_snapshot_restores_models_versions_default_and_workers(
     first = LanternServer(root, store, args=setup["args"], env=setup["env"], snapshots=True).start()
     try:
         api = httpx.Client(base_url=first.management, timeout=60)
-        calls = [
+        calls: list[tuple[str, str, dict[str, Any]]] = [
             ("POST", "/models", {"url": "echo.mar", "initial_workers": 2, "batch_size": 4}),
             ("POST", "/models", {"url": "echo-v2.mar", "initial_workers": 1}),
             ("PUT", "/models/echo/1.0", {"min_worker": 2, "max_worker": 3}),

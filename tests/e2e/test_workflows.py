@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -145,7 +146,7 @@ REGISTERED = ("dog_breed_wf", "nmt_wf_dual", "nmt_wf_re", "parallel_wf")
 
 
 @pytest.fixture(scope="module")
-def server(stores: tuple[Path, Path, Path]) -> LanternServer:
+def server(stores: tuple[Path, Path, Path]) -> Iterator[LanternServer]:
     work, models, wars = stores
     allowed = work / "allowed.yaml"
     allowed.write_text(yaml.safe_dump({"allowed_urls": [r"http://127\.0\.0\.1:9/.*"]}))
@@ -174,13 +175,13 @@ def server(stores: tuple[Path, Path, Path]) -> LanternServer:
 
 
 @pytest.fixture(scope="module")
-def client(server: LanternServer) -> httpx.Client:
+def client(server: LanternServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.inference, timeout=60) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def mgmt(server: LanternServer) -> httpx.Client:
+def mgmt(server: LanternServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.management, timeout=300) as c:
         yield c
 
