@@ -44,6 +44,8 @@ test: install $(RAY_VENV)/.installed
 fuzz: install
 	LANTERN_FUZZ=long $(BIN)/pytest -q tests/fuzz
 
+# CI (.ci/run) runs it before `make test`: lint, formatting and types ([tool.mypy] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
@@ -18,11 +19,19 @@ _PROG_NAMES = ("model-archiver", "torch-model-archiver")
 class _ArchiverCommand(click.Command):
     """Reports every failure as one ``<prog>: error: ...`` line, like argparse-based tools."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> NoReturn:
-        extra.pop("standalone_mode", None)
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,  # ignored: failures always end the process
+        **extra: Any,
+    ) -> NoReturn:
         prog = _prog_name()
         try:
-            result = super().main(args, prog_name or prog, standalone_mode=False, **extra)
+            result = super().main(
+                args, prog_name or prog, complete_var, standalone_mode=False, **extra
+            )
         except click.UsageError as exc:
             given = sys.argv[1:] if args is None else list(args)
             if not given and exc.ctx is not None:  # no arguments at all: show how to call it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
@@ -18,12 +19,20 @@ _PROG_NAMES = ("workflow-archiver", "torch-workflow-archiver")
 class _WorkflowArchiverCommand(click.Command):
     """Reports every failure as one ``<prog>: error: ...`` line, like the argparse original."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> NoReturn:
-        extra.pop("standalone_mode", None)
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,  # ignored: failures always end the process
+        **extra: Any,
+    ) -> NoReturn:
         name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         prog = name if name in _PROG_NAMES else _PROG_NAMES[0]
         try:
-            result = super().main(args, prog_name or prog, standalone_mode=False, **extra)
+            result = super().main(
+                args, prog_name or prog, complete_var, standalone_mode=False, **extra
+            )
         except click.UsageError as exc:
             _fail(prog, exc.format_message(), 2)
         except click.ClickException as exc:

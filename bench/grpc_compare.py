@@ -122,7 +122,7 @@ def main() -> None:
     work = Path(os.environ.get("BENCH_WORK", "/tmp/lantern-grpc-bench"))  # its own store
     factory = ModelFactory(work)
     names = [f"{v.name}={_archive(factory, v).name}" for v, _ in SCENARIOS.values()]
-    groups = [(s, s, None) for s in args.servers]
+    groups: list[tuple[str, str, str | None]] = [(s, s, None) for s in args.servers]
     if args.loops:
         groups.append(("hypercorn+asyncio", "hypercorn", "asyncio"))
     samples: dict[tuple[str, str, str], list[LoadResult]] = {}

@@ -36,7 +36,8 @@ async def _drive(target: str, request: bytes, concurrency: int, seconds: float) 
     errors = {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0}
     async with grpc.aio.insecure_channel(target) as channel:
         await channel.channel_ready()
-        call = channel.unary_unary(PATH)  # bytes in, bytes out: no protobuf work per call
+        # bytes in, bytes out: no protobuf work per call
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(PATH)
         deadline = time.perf_counter() + seconds
 
         async def loop() -> None:

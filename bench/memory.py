@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench import procstat
 from bench.server import LanternProcess
@@ -42,7 +43,7 @@ def _mb(pid: int) -> float:
     return (procstat.rss_bytes(pid) or 0) / 2**20
 
 
-def _get_json(url: str) -> object:
+def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=60) as resp:
         return json.loads(resp.read())
 

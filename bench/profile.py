@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.load import run_load
+from bench.load import LoadResult, run_load
 from bench.models import MODELS, ModelFactory, Variant
 from bench.server import LanternProcess
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         url = lantern.url(variant.name)
         run_load(url, body, content_type, concurrency=args.concurrency, seconds=1.0)  # warm up
         pid = lantern.pid if args.target == "frontend" else lantern.worker_pids()[0]
-        result: dict[str, object] = {}
+        result: dict[str, LoadResult] = {}
 
         def drive() -> None:
             result["load"] = run_load(
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         loader.join()
     load = result["load"]
     print(
-        f"{args.server} {variant.name} c={args.concurrency}: {load.rps:.0f} req/s "  # type: ignore[attr-defined]
+        f"{args.server} {variant.name} c={args.concurrency}: {load.rps:.0f} req/s "
         f"(under py-spy), p50 {load.p50_ms:.2f} ms; {args.target} pid {pid}"
-    )  # type: ignore[attr-defined]
+    )
     print(summarise(out, args.top))
     print(f"stacks: {out}")
     return 0

@@ -67,6 +67,7 @@ async def _connection(
         sent_at = time.monotonic()
         started = time.perf_counter()
         try:
+            assert reader is not None  # opened together with the writer
             writer.write(request)
             status, keep = await asyncio.wait_for(_read_response(reader), timeout)
         except asyncio.TimeoutError:

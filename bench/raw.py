@@ -159,10 +159,10 @@ def run_raw(
         results = []
         for proc in procs:
             out, err = proc.communicate(timeout=seconds + 120)
-            line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
-            if proc.returncode != 0 or line is None:
+            found = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
+            if proc.returncode != 0 or found is None:
                 raise RuntimeError(f"raw baseline failed ({proc.returncode}): {err[-2000:]}")
-            results.append(json.loads(line[len("BENCH_JSON ") :]))
+            results.append(json.loads(found[len("BENCH_JSON ") :]))
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -217,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             lantern.stop()
     print("model        spares  crash->READY p50 (min-max) ms   register->READY p50 ms")
     for key, slot in results.items():
-        kind, spares = key.split(":")
-        crash = sorted(slot["crash"])
+        kind, spare_count = key.split(":")
+        crashes = sorted(slot["crash"])
         print(
-            f"{kind:<12} {spares[-1]:>6}  {statistics.median(crash) * 1000:>8.0f} "
-            f"({crash[0] * 1000:.0f}-{crash[-1] * 1000:.0f})"
+            f"{kind:<12} {spare_count[-1]:>6}  {statistics.median(crashes) * 1000:>8.0f} "
+            f"({crashes[0] * 1000:.0f}-{crashes[-1] * 1000:.0f})"
             f"{statistics.median(slot['register']) * 1000:>26.0f}"
         )
     print(

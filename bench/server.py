@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import procstat
 
@@ -33,6 +33,8 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes, dict[str, str]]:
     except (urllib.error.URLError, OSError):
         return 0, b"", {}
 
+
+_P = TypeVar("_P", bound="_Process")
 
 _GRPC_FREE_PORTS = {"LANTERN_GRPC_INFERENCE_PORT": "0", "LANTERN_GRPC_MANAGEMENT_PORT": "0"}
 
@@ -88,7 +90,7 @@ class _Process:
             except ProcessLookupError:
                 pass
 
-    def __enter__(self) -> _Process:
+    def __enter__(self: _P) -> _P:
         return self
 
     def __exit__(self, *exc: object) -> None:

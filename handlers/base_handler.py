@@ -78,7 +78,7 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
         runtimes.set_num_threads(num_threads)
 
         self.manifest = context.manifest
-        model_dir = properties.get("model_dir")
+        model_dir: str = properties["model_dir"]  # always set by Context
         model_info = (self.manifest or {}).get("model", {})
         serialized_file = model_info.get("serializedFile")
         self.model_pt_path = os.path.join(model_dir, serialized_file) if serialized_file else None
@@ -136,7 +136,8 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
 
     def _load_onnx_model(self, model_pt_path: str) -> Any:
         properties = self.context.system_properties if self.context else {}
-        gpu_id = properties.get("gpu_id") if self.device.type == "cuda" else None
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        gpu_id = properties.get("gpu_id") if on_cuda else None
         return runtimes.load_onnx(model_pt_path, gpu_id, properties.get("num_threads"))
 
     def _load_torch_export_model(self, model_pt_path: str) -> Any:
@@ -145,8 +146,9 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
     # -- the three phases -----------------------------------------------------------------------
 
     @timed
-    def preprocess(self, data: list) -> torch.Tensor:
-        """The batch's inputs as one tensor (``torch.as_tensor``)."""
+    def preprocess(self, data: list) -> Any:
+        """The batch's inputs in the form this handler's ``inference`` takes: here one tensor
+        (``torch.as_tensor``); subclasses return what their models take (a list, a tuple)."""
         return torch.as_tensor([_row_payload(row) for row in data], device=self.device)
 
     @timed

@@ -3,6 +3,7 @@
 ToTensor only; per image, ``[{label: [x1, y1, x2, y2], "score": s}, ...]`` for detections scoring
 at least ``threshold`` (0.5). The model gets a list of image tensors (torchvision detection
 models take one), so a batch may mix image sizes, which TorchServe's stacked batch cannot.
+Explanations are not supported (501).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from torchvision import transforms
 
+from handlers.exceptions import PredictionException
 from handlers.images import ToRGB
 from handlers.labels import map_class_to_label
 from handlers.runtimes import OnnxModel
@@ -52,3 +54,8 @@ class ObjectDetector(VisionHandler):
                 detections.append(detection)
             result.append(detections)
         return result
+
+    def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
+        """No explanations (501): ``preprocess`` gives a list of images, not the stacked batch
+        that ``VisionHandler``'s Integrated Gradients attributes to a class score."""
+        raise PredictionException(f"{type(self).__name__} does not support explanations", 501)

@@ -48,8 +48,8 @@ def set_num_threads(num_threads: int | None) -> None:
         torch.set_num_threads(int(num_threads))
 
 
-def load_torchscript(path: str, device: torch.device) -> torch.nn.Module:
-    """``torch.jit.load`` onto ``device``, in eval mode."""
+def load_torchscript(path: str, device: torch.device | None) -> torch.nn.Module:
+    """``torch.jit.load`` onto ``device`` (None: where it was saved), in eval mode."""
     with warnings.catch_warnings():
         # TorchScript is deprecated for authors, but serving existing archives is the point here.
         warnings.filterwarnings(
@@ -61,7 +61,7 @@ def load_torchscript(path: str, device: torch.device) -> torch.nn.Module:
 
 
 def load_eager(
-    model_dir: str, model_file: str, weights_path: str | None, device: torch.device
+    model_dir: str, model_file: str, weights_path: str | None, device: torch.device | None
 ) -> torch.nn.Module:
     """Instantiate the one ``nn.Module`` subclass defined in ``model_file``, load its state dict.
 
@@ -99,8 +99,9 @@ def load_eager(
     return model
 
 
-def load_exported(path: str, device: torch.device) -> torch.nn.Module:
-    """A ``torch.export`` program (``torch.export.save``) as a callable module on ``device``."""
+def load_exported(path: str, device: torch.device | None) -> torch.nn.Module:
+    """A ``torch.export`` program (``torch.export.save``) as a callable module on ``device``
+    (None: where it was saved)."""
     module = torch.export.load(path).module()
     # Exported modules refuse .eval(); they were captured in whatever mode export saw.
     return module.to(device)

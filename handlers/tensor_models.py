@@ -265,8 +265,9 @@ def _torch_signature(module: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
     import torch
 
     target = getattr(module, "_orig_mod", module)  # torch.compile wraps the module
-    if isinstance(target, torch.jit.ScriptModule):
-        args = target.forward.schema.arguments[1:]  # [0] is self
+    forward = getattr(target, "forward", None)
+    if isinstance(target, torch.jit.ScriptModule) and isinstance(forward, torch.ScriptMethod):
+        args = forward.schema.arguments[1:]  # [0] is self
         return [TensorSpec(a.name) for a in args], []
     if isinstance(target, torch.fx.GraphModule):
         inputs, outputs = [], []

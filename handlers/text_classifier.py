@@ -38,12 +38,15 @@ class TextClassifier(TextHandler):
     @timed
     def preprocess(self, data: list) -> tuple[torch.Tensor, torch.Tensor]:
         """All rows' token ids in one flat tensor, plus each row's start offset."""
+        vocab = self.source_vocab
+        if vocab is None:
+            raise RuntimeError(f"{type(self).__name__}.initialize has not loaded the vocabulary")
         token_ids: list[int] = []
         offsets: list[int] = []
         for row in data:
             tokens = self._clean(self._row_text(row))
             offsets.append(len(token_ids))
-            token_ids.extend(self.source_vocab[t] for t in ngrams_iterator(tokens, self.ngrams))
+            token_ids.extend(vocab[t] for t in ngrams_iterator(tokens, self.ngrams))
         return (
             torch.as_tensor(token_ids, dtype=torch.long, device=self.device),
             torch.as_tensor(offsets, dtype=torch.long, device=self.device),

@@ -28,12 +28,12 @@ class TextHandler(BaseHandler, ABC):
     def initialize(self, context: Context) -> None:
         super().initialize(context)
         self.initialized = False
-        model_dir = context.system_properties.get("model_dir")
+        model_dir: str = context.system_properties["model_dir"]
         self.source_vocab = load_vocab(find_vocab_file(model_dir, self.manifest))
         self.initialized = True
 
     def get_source_vocab_path(self, ctx: Context) -> str:
-        return find_vocab_file(ctx.system_properties.get("model_dir"), ctx.manifest)
+        return find_vocab_file(ctx.system_properties["model_dir"], ctx.manifest)
 
     @staticmethod
     def _row_text(row: Any) -> str:

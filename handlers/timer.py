@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,4 +38,4 @@ def timed(func: F) -> F:
         )
         return result
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps: func's signature

@@ -52,8 +52,9 @@ class VisionHandler(BaseHandler, ABC):
             raise PredictionException(f"cannot read image input: {exc}", 400) from exc
 
     @timed
-    def preprocess(self, data: list) -> torch.Tensor:
-        """Every row's image, transformed and stacked into one batch tensor."""
+    def preprocess(self, data: list) -> Any:
+        """Every row's image, transformed and stacked into one batch tensor (the form
+        ``get_insights`` takes too; a subclass returning another form overrides it)."""
         images = [self._image_tensor(row) for row in data]
         try:
             return torch.stack(images).to(self.device)

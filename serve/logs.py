@@ -142,7 +142,7 @@ class LogFile(logging.handlers.WatchedFileHandler):
         """``name`` -> ``name.1`` -> ... -> ``name.<backup_count>`` (the oldest is dropped)."""
         if self.stream is not None:
             self.stream.close()
-            self.stream = None  # type: ignore[assignment]
+            self.stream = None
         rotate_files(Path(self.baseFilename), self.backup_count)
         self.stream = self._open()
         self._statstream()

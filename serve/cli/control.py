@@ -44,7 +44,8 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a ClassVar, yet reads it off the instance it catches.
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 # --- start -------------------------------------------------------------------------------------

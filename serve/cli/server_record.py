@@ -19,6 +19,7 @@ import enum
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 ENV_VAR = "LANTERN_PID_FILE"
 
 
-def default_path(env: dict[str, str] | None = None) -> Path:
+def default_path(env: Mapping[str, str] | None = None) -> Path:
     """Where the record lives when neither ``--pid-file`` nor ``LANTERN_PID_FILE`` says."""
     environ = os.environ if env is None else env
     runtime = environ.get("XDG_RUNTIME_DIR")
@@ -36,7 +37,7 @@ def default_path(env: dict[str, str] | None = None) -> Path:
     return Path(home) / ".lantern" / "server.json"
 
 
-def record_path(value: str | None, env: dict[str, str] | None = None) -> Path:
+def record_path(value: str | None, env: Mapping[str, str] | None = None) -> Path:
     """``--pid-file`` if given, else ``LANTERN_PID_FILE``, else `default_path`; made absolute."""
     environ = os.environ if env is None else env
     return Path(value or environ.get(ENV_VAR) or default_path(environ)).resolve()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,7 @@ class BatchItem:
 
     request_id: str
     headers: dict[str, str]
-    params: list[tuple[str, str | None, bytes]]
+    params: Sequence[tuple[str, str | None, bytes]]  # (name, content type, body)
 
 
 @dataclass(slots=True)

@@ -128,6 +128,10 @@ class Call:
         self.model, self.version = model, version
 
 
+# A unary method's implementation: the call and the decoded request in, the response out.
+UnaryFn = Callable[[Call, Any], Awaitable[Any]]
+
+
 def _start(context: grpc.aio.ServicerContext, method: str) -> Call:
     """The call's metadata and request id; the id goes back in the trailers, as HTTP's header."""
     metadata: dict[str, str] = {}
@@ -171,7 +175,7 @@ class Methods:
             except Unauthorized as err:
                 raise Forbidden(err.message) from None
 
-    def unary(self, method: str, fn: Callable[[Call, Any], Awaitable[Any]]) -> Any:
+    def unary(self, method: str, fn: UnaryFn) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _start(context, method)
             async with self._answered(call):

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from google.protobuf.message import Message
+
 from serve.core import manage
-from serve.grpc.calls import Call, Methods, decoder
+from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import management_pb2 as pb
 from serve.http.common import ServerState
 from serve.wire.errors import BadRequest
@@ -37,7 +39,7 @@ class ManagementService:
     def handlers(self, methods: Methods) -> dict[str, Any]:
         import grpc
 
-        table = {
+        table: dict[str, tuple[UnaryFn, type[Message]]] = {
             "DescribeModel": (self.describe_model, pb.DescribeModelRequest),
             "ListModels": (self.list_models, pb.ListModelsRequest),
             "RegisterModel": (self.register_model, pb.RegisterModelRequest),

@@ -12,8 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from google.protobuf.message import Message
+
 from serve.core.model import ModelVersion
-from serve.grpc.calls import Call, Methods, decoder
+from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
 from serve.http.common import ServerState
@@ -36,7 +38,7 @@ class OipService:
     def handlers(self, methods: Methods, service: str) -> dict[str, Any]:
         import grpc
 
-        table = {
+        table: dict[str, tuple[UnaryFn, type[Message], type[Message]]] = {
             "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
             "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
             "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),

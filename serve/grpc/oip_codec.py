@@ -63,7 +63,9 @@ def _triton_only_value(param: Any) -> float | int | None:
     """Triton's ``double_param`` (4) or ``uint64_param`` (5), which the OIP protos that TorchServe
     and KServe publish lack (tritonclient sends a Python float as ``double_param``): they arrive
     as unknown fields."""
-    for field in unknown_fields.UnknownFieldSet(param):
+    found = unknown_fields.UnknownFieldSet(param)
+    for index in range(len(found)):  # its stubs declare indexing, not iteration
+        field = found[index]
         if field.field_number == 4 and field.wire_type == 1:  # fixed64: an IEEE double
             return float(struct.unpack("<d", struct.pack("<Q", field.data))[0])
         if field.field_number == 5 and field.wire_type == 0:  # varint: an unsigned integer
@@ -106,7 +108,7 @@ def request_from_pb(request: Any) -> InferRequest:
             raise BadRequest("parameter timeout must be a non-negative integer (microseconds)")
         timeout_us = timeout or None
     params.pop("binary_data_output", None)  # gRPC answers raw bytes always
-    outputs = None
+    outputs: list[RequestedOutput] | None = None
     if len(request.outputs):
         outputs = []
         for out in request.outputs:

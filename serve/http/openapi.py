@@ -22,7 +22,7 @@ _ERROR = {
 }
 
 # (method, path, operationId, summary, query parameters, error codes)
-_INFERENCE = [
+_INFERENCE: list[tuple[Any, ...]] = [
     ("options", "/", "apiDescription", "Get the API description.", [], []),
     ("get", "/api-description", "apiDescriptionGet", "Get the API description.", [], []),
     (
@@ -99,7 +99,7 @@ _SCALE_PARAMS = ["min_worker", "max_worker", "synchronous", "model_version"]
 _DESCRIBE = "Describe a version (`all`: every version) with its workers and queue."
 
 # (method, path, operationId, summary, query parameters, error codes[, other success codes])
-_MANAGEMENT = [
+_MANAGEMENT: list[tuple[Any, ...]] = [
     ("options", "/", "apiDescription", "Get the API description.", [], []),
     ("get", "/api-description", "apiDescriptionGet", "Get the API description.", [], []),
     (

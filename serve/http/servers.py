@@ -138,7 +138,8 @@ async def _run_uvicorn(
         lifespan="off",
         access_log=False,
         log_config=None,
-        timeout_graceful_shutdown=grace,
+        # uvicorn declares an int, and passes it to asyncio.wait_for: a float works.
+        timeout_graceful_shutdown=grace,  # type: ignore[arg-type]
         timeout_keep_alive=75,
         http=limited_httptools(max_header_size) if _has("httptools") else "h11",
         h11_max_incomplete_event_size=max_header_size,  # h11 answers 400 past it

@@ -95,7 +95,7 @@ class HandlerMetrics:
             try:
                 raw = rec["name"]
                 value = float(rec["value"])
-                kind = rec.get("type") if rec.get("type") in ("counter", "histogram") else "gauge"
+                kind: str = rec["type"] if rec.get("type") in ("counter", "histogram") else "gauge"
                 dims = rec.get("dimensions") or {}
                 key = tuple(dims.items())
                 hash(key)  # dimension values arrive from JSON: refuse lists and dicts

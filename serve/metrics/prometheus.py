@@ -257,7 +257,7 @@ class ServerMetrics:
         return render(self.families(names))
 
     def _status_families(self) -> list[Metric]:
-        families = []
+        families: list[Metric] = []
         for cls, count in self.status_classes.items():
             name = f"Requests{cls}XX"
             family = BareCounter(name, f"Responses with a {cls}xx status, on every port.")

@@ -442,6 +442,7 @@ def build_app(args: Mapping[str, Any]) -> Any:
     per_node = args.get("max_replicas_per_node")
     deployments: dict[str, Any] = {}
     entries: list[dict[str, Any]] = []
+    model_deployment = _deployment(LanternModel)
     for spec in specs:
         name, _, url = spec.rpartition("=")
         archive = (store / url).resolve()
@@ -455,7 +456,7 @@ def build_app(args: Mapping[str, Any]) -> Any:
         version = str(model_info.get("modelVersion") or "1.0")
         settings = config.default_model_settings().merged(model_config)
         plan = plan_deployment(name, version, settings, max_replicas_per_node=per_node)
-        deployments[plan.name] = LanternModel.options(**plan.options).bind(
+        deployments[plan.name] = model_deployment.options(**plan.options).bind(
             name,
             version,
             str(archive),
@@ -473,13 +474,19 @@ def build_app(args: Mapping[str, Any]) -> Any:
                 "settings": _settings_dict(settings),
             }
         )
-    return LanternIngress.bind(
+    return _deployment(LanternIngress).bind(
         deployments,
         entries,
         config.max_request_size,
         config.max_response_size,
         args.get("dashboard_address") or DEFAULT_DASHBOARD,
     )
+
+
+def _deployment(decorated: object) -> Any:
+    """``decorated``: the Ray ``Deployment`` that ``@serve.deployment`` made of a class (a type
+    checker keeps a decorated class's own type)."""
+    return decorated
 
 
 def _settings_dict(settings: ModelSettings) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from serve.config import Config
 from serve.wire.errors import BadRequest, Conflict, InvalidModelUrl, ModelNotFound
@@ -194,7 +195,15 @@ class _RedirectCheck(urllib.request.HTTPRedirectHandler):
     def __init__(self, allowed: Callable[[str], bool]) -> None:
         self.allowed = allowed
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         if not self.allowed(newurl):
             raise InvalidModelUrl(
                 f"Redirect to {newurl} does not match any allowed URL(s) and was not followed."

@@ -144,7 +144,7 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[Frame]:
         self._buffer += data
-        frames = []
+        frames: list[Frame] = []
         while True:
             frame = self._next()
             if frame is None:

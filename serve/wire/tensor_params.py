@@ -77,7 +77,7 @@ def tensor_content_type(datatype: str, shape: Sequence[int]) -> str:
 
 
 def is_tensor_param(content_type: str | None) -> bool:
-    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() == TENSOR_TYPE
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == TENSOR_TYPE
 
 
 def tensor_from_param(name: str, content_type: str, raw: bytes) -> Tensor:
@@ -114,7 +114,7 @@ def encode_bundle(tensors: Sequence[Tensor]) -> tuple[bytes, str]:
 
 
 def is_bundle(content_type: str | None) -> bool:
-    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() == BUNDLE_TYPE
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == BUNDLE_TYPE
 
 
 def decode_bundle(body: bytes, content_type: str) -> list[Tensor]:

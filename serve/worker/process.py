@@ -88,7 +88,7 @@ class WorkerProcess:
         self._exited = asyncio.Event()
         self.exit_code: int | None = None
         self.warmup: dict[str, Any] = {}
-        self.gpu_memory = None
+        self.gpu_memory: int | None = None  # bytes torch holds, once loaded
         # Large request bodies go through a shared-memory arena (serve/wire/shm.py); 0: inline only.
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
@@ -165,7 +165,7 @@ class WorkerProcess:
             if self.spares is not None:
                 self.spares.learn(self.modules)
             self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
-            self.gpu_memory: int | None = loaded.meta.get("gpu_memory")  # bytes torch holds
+            self.gpu_memory = loaded.meta.get("gpu_memory")
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.change_state(WorkerState.READY)
         except BaseException:

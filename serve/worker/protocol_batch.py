@@ -90,7 +90,7 @@ class Pending:
 def adapter(service: Any) -> ModelAdapter | None:
     """The service's tensor adapter, found once and kept on the service itself (an id() key
     could be reused by a later service once the first is gone)."""
-    found = getattr(service, "_tensor_adapter", _UNSET)
+    found: Any = getattr(service, "_tensor_adapter", _UNSET)
     if found is _UNSET:
         try:
             found = tensor_models.adapter_for(service)

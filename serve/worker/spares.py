@@ -167,7 +167,7 @@ class SparePool:
         if not self.preload <= preload:  # the server learnt of a framework meanwhile: redo
             self._discard(proc)
             logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, "a framework")
-            self._starting.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._starting.discard(asyncio.current_task())
             self.refill()
             return
         self._ready.append(proc)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -115,18 +114,18 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
     """Start ``args`` in a process group of its own, stdout and stderr piped, stdin piped when
     asked for (else /dev/null)."""
     loop = asyncio.get_running_loop()
-    popen = await loop.run_in_executor(
-        _executor(),
-        functools.partial(
-            subprocess.Popen,
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             list(args),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             **_OWN_GROUP,
-        ),
-    )
+        )
+
+    popen = await loop.run_in_executor(_executor(), start)
     try:
         stdout = await _reader(loop, popen.stdout)
         stderr = await _reader(loop, popen.stderr)

@@ -17,7 +17,7 @@ import pytest
 from archiver import ArchiveError, build, open_archive, read_manifest
 
 if TYPE_CHECKING:
-    from conftest import ModelInputs
+    from tests.archiver.conftest import ModelInputs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ["default", "zip-store", "tgz", "no-archive"]
@@ -207,7 +207,11 @@ def test_extra_files_globs_files_and_comma_string(inputs: ModelInputs, tmp_path:
     extra = inputs.extra_dir
     spec = f" {extra}/sub/*.txt , {extra}/index_to_name.json,{extra}/*.pyc,{extra}/sub/deeper "
     out = build(
-        model_name="g", version="1", handler="base_handler", extra_files=spec, export_path=tmp_path
+        model_name="g",
+        version="1",
+        handler="base_handler",
+        extra_files=spec,
+        export_path=str(tmp_path),
     )
     # A glob match that is a folder is flattened too; *.pyc matches are skipped like folder junk.
     assert _packed(out) == {"vocab.txt", "index_to_name.json", "x.bin"}

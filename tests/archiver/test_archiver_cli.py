@@ -16,7 +16,7 @@ from archiver import read_manifest
 from archiver.cli import main
 
 if TYPE_CHECKING:
-    from conftest import ModelInputs
+    from tests.archiver.conftest import ModelInputs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -35,7 +36,7 @@ def test_listening_socket_and_accepted_connections_have_tcp_nodelay() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("hot_path")
     store = work / "store"
     store.mkdir()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +178,7 @@ class Container:
 
 
 @pytest.fixture(scope="module")
-def container(tmp_path_factory: pytest.TempPathFactory) -> Container:
+def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     workdir = tmp_path_factory.mktemp("home-lantern")
     store = workdir / "model_store"  # the volume, where the CMD's relative --model-store points
     store.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import signal
 import socket
 import time
@@ -48,6 +49,8 @@ def test_sigterm_refuses_new_connections_and_drains(tmp_path: Path, http_server:
     store.mkdir()
     build_archive(store, "gate", HANDLERS / "gate_handler.py", config={"minWorkers": 1})
     srv = LanternServer(tmp_path, store, ["gate.mar"], http_server=http_server).start()
+    assert srv.proc is not None
+    proc = srv.proc
     gate = tmp_path / "gate"
     try:
         keep_alive = httpx.Client(timeout=10)
@@ -57,11 +60,11 @@ def test_sigterm_refuses_new_connections_and_drains(tmp_path: Path, http_server:
                 httpx.post, f"{srv.inference}/predictions/gate", content=f"hold {gate}", timeout=90
             )
             wait_for(Path(f"{gate}.started").exists)
-            srv.proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
 
             # Every port stops accepting; nothing is left waiting in a listen queue.
             for url in (srv.inference, srv.management, srv.metrics):
-                wait_for(lambda url=url: served_or_refused(address(url)), timeout=20)
+                wait_for(functools.partial(served_or_refused, address(url)), timeout=20)
             started = time.monotonic()
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(address(srv.inference), timeout=5).close()
@@ -78,7 +81,7 @@ def test_sigterm_refuses_new_connections_and_drains(tmp_path: Path, http_server:
             finished = held.result(timeout=90)
             assert finished.status_code == 200
             assert finished.text == "released"
-        assert srv.proc.wait(60) == 0
+        assert proc.wait(60) == 0
     finally:
         Path(f"{gate}.release").touch()
         srv.stop()

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -97,7 +99,7 @@ def wait_models_ready(server: LanternServer, timeout: float = 240.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("examples")
     store = build_examples(work)
     assert sorted(p.name for p in store.iterdir()) == sorted(MODELS.values())
@@ -118,7 +120,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
 
 
 @pytest.fixture(scope="module")
-def client(server: LanternServer) -> httpx.Client:
+def client(server: LanternServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.inference, timeout=60) as c:
         yield c
 
@@ -418,7 +420,7 @@ def test_mimo_over_kserve_v2_with_tritonclient(server: LanternServer) -> None:
 
 def test_mimo_over_kserve_v2_with_curl_json(client: httpx.Client) -> None:
     """The README's curl body: a 2x2 image is fine, the model takes any image size."""
-    body = {
+    body: dict[str, Any] = {
         "id": "42",
         "inputs": [
             {

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ def is_json_error(resp: httpx.Response) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("faults")
     store = work / "store"
     store.mkdir()
@@ -152,6 +153,7 @@ def test_workers_do_not_outlive_a_killed_frontend(tmp_path: Path) -> None:
     time.sleep(0.5)
     os.kill(srv.pid, signal.SIGKILL)
     caller.join(20)
+    assert srv.proc is not None
     srv.proc.wait(10)
     deadline = time.monotonic() + 10
     while any(pid_alive(pid) for pid in workers):

@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +27,7 @@ MAX_RESPONSE = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("hostile")
     store = work / "store"
     store.mkdir()

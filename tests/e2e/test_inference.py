@@ -12,6 +12,7 @@ import concurrent.futures as cf
 import json
 import os
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ MAX_REQUEST = 200_000
 @pytest.fixture(scope="module", params=["hypercorn", "uvicorn"])
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> LanternServer:
+) -> Iterator[LanternServer]:
     """One server per HTTP server kind: every test using it runs on hypercorn and on uvicorn."""
     work = tmp_path_factory.mktemp(f"inference-{request.param}")
     store = work / "store"

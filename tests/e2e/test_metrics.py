@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.server import HANDLERS, LanternServer, build_archive
@@ -38,7 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     srv.stop()
 
 
-def scrape(server: LanternServer, *names: str) -> dict[str, object]:
+def scrape(server: LanternServer, *names: str) -> dict[str, Metric]:
     response = httpx.get(
         f"{server.metrics}/metrics", params=[("name[]", n) for n in names], timeout=10
     )
@@ -46,10 +47,10 @@ def scrape(server: LanternServer, *names: str) -> dict[str, object]:
     return {f.name: f for f in text_string_to_metric_families(response.text)}
 
 
-def value(families: dict[str, object], sample: str, **labels: str) -> float:
+def value(families: dict[str, Metric], sample: str, **labels: str) -> float:
     """The first sample named ``sample`` whose labels include ``labels``; 0 if none yet."""
     for family in families.values():
-        for s in family.samples:  # type: ignore[attr-defined]
+        for s in family.samples:
             if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     return 0.0
@@ -86,16 +87,16 @@ def test_handler_metrics_appear_with_dimensions(server: LanternServer) -> None:
     assert predict(server, b"m").status_code == 200
     families = scrape(server)
     ts_requests = families["ts_inference_requests"]
-    hostname = ts_requests.samples[0].labels["hostname"]  # type: ignore[attr-defined]
+    hostname = ts_requests.samples[0].labels["hostname"]
     dims = {"ModelName": "obs", "Level": "Model", "Hostname": hostname}
     rows = families["RowsSeen"]
-    assert rows.type == "counter"  # type: ignore[attr-defined]
+    assert rows.type == "counter"
     assert value(families, "RowsSeen_total", Kind="rows", **dims) >= 1
     for name, expected in (("EchoTime", 1.5), ("EchoSize", 2.0), ("EchoPercent", 42.0)):
-        assert families[name].type == "gauge", name  # type: ignore[attr-defined]
+        assert families[name].type == "gauge", name
         assert value(families, name, **dims) == expected
     # A name and a dimension that are not valid Prometheus names are sanitised.
-    assert families["Echo_Batch_rows"].type == "counter"  # type: ignore[attr-defined]
+    assert families["Echo_Batch_rows"].type == "counter"
     assert value(families, "Echo_Batch_rows_total", odd_dim="x y", **dims) >= 1
     # BaseHandler's own HandlerTime (ms), as TorchServe reports it.
     assert value(families, "HandlerTime", **dims) > 0

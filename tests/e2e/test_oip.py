@@ -12,6 +12,8 @@ import concurrent.futures as cf
 import gzip
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -29,8 +31,14 @@ CUSTOM_METADATA = {
 }
 
 
+class OnnxServer(LanternServer):
+    """The server, and the ONNX file its ``multi`` archive serves (to compute the answers)."""
+
+    onnx_path: Path
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnnxServer]:
     work = tmp_path_factory.mktemp("oip")
     store = work / "store"
     store.mkdir()
@@ -45,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
             version=version,
             config={"factor": factor, "metadata": CUSTOM_METADATA},
         )
-    srv = LanternServer(
+    srv = OnnxServer(
         work,
         store,
         [
@@ -57,7 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
         ],
     )
     srv.start()
-    srv.onnx_path = multi  # type: ignore[attr-defined]
+    srv.onnx_path = multi
     client = triton.InferenceServerClient(srv.inference.removeprefix("http://"))
     deadline = time.monotonic() + 60  # the second version is not the default: /ping ignores it
     while not client.is_model_ready("custom", "2.0") and time.monotonic() < deadline:
@@ -73,7 +81,7 @@ def client(server: LanternServer) -> triton.InferenceServerClient:
 
 def multi_inputs(batch: int, seed: int, *, binary: bool) -> tuple[list, dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "tokens": rng.integers(0, 50, (batch, 8)).astype(np.int64),
         "image": rng.standard_normal((batch, 3, 16, 16)).astype(np.float32),
     }
@@ -139,7 +147,7 @@ def test_model_metadata_is_read_from_the_model(client: triton.InferenceServerCli
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_multi_input_multi_output_model(
-    client: triton.InferenceServerClient, server: LanternServer, binary: bool
+    client: triton.InferenceServerClient, server: OnnxServer, binary: bool
 ) -> None:
     inputs, arrays = multi_inputs(3, seed=int(binary), binary=binary)
     outputs = [
@@ -252,7 +260,7 @@ def test_exported_program_through_the_fast_path(client: triton.InferenceServerCl
 
 
 def test_compressed_request_and_classification(
-    client: triton.InferenceServerClient, server: LanternServer
+    client: triton.InferenceServerClient, server: OnnxServer
 ) -> None:
     inputs, arrays = multi_inputs(2, seed=9, binary=True)
     outputs = [triton.InferRequestedOutput("probabilities", binary_data=False, class_count=2)]
@@ -267,7 +275,7 @@ def test_compressed_request_and_classification(
 
 
 def test_concurrent_requests_batch_and_each_caller_gets_its_rows(
-    client: triton.InferenceServerClient, server: LanternServer
+    client: triton.InferenceServerClient, server: OnnxServer
 ) -> None:
     def call(seed: int) -> tuple[dict, dict]:
         inputs, arrays = multi_inputs(1 + seed % 3, seed=100 + seed, binary=seed % 2 == 0)

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,7 @@ LEAK_CAP_MB = 100
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("worker-faults")
     store = work / "store"
     store.mkdir()
@@ -39,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
 @pytest.fixture(scope="module", params=["auto", "asyncio"])
 def duo_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> LanternServer:
+) -> Iterator[LanternServer]:
     """Two workers; on uvloop (the default when installed) and on asyncio's own loop, whose
     child watcher reports a worker's exit later (a wider window for the old bug)."""
     work = tmp_path_factory.mktemp(f"duo-{request.param}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian cat, Siamese cat, Egy
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     work = tmp_path_factory.mktemp("workflow_example")
     out = subprocess.run(
         [sys.executable, str(EXAMPLE / "build.py")],
@@ -47,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> LanternServer:
 
 
 @pytest.fixture(scope="module")
-def client(server: LanternServer) -> httpx.Client:
+def client(server: LanternServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.inference, timeout=60) as c:
         yield c
 

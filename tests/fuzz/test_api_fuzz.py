@@ -15,6 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
 
 from tests.fuzz.settings import examples
 from tests.support.server import HANDLERS, LanternServer, build_archive
@@ -89,7 +90,10 @@ def test_no_server_error_from_any_generated_request(server: LanternServer, app: 
     schema = schemathesis.openapi.from_dict(description)
     failures: list[str] = []
     statuses: list[int] = []
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), f"an operation's schema is invalid: {result.err()}"
+        operations.append(result.ok())
     assert len(operations) >= 8
 
     for operation in operations:

@@ -168,7 +168,8 @@ def test_kserve_descriptor_is_torchserves_under_package_inference() -> None:
     file = kserve_file()
     assert file.package == "inference"
     infer = pool().FindMessageTypeByName("inference.ModelInferRequest")
-    assert infer.fields_by_name["inputs"].message_type.full_name == (
+    inputs = infer.fields_by_name["inputs"].message_type
+    assert inputs is not None and inputs.full_name == (
         "inference.ModelInferRequest.InferInputTensor"
     )
     method = (

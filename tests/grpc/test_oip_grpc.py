@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import httpx
@@ -219,7 +220,7 @@ def test_torchserve_service_name_with_typed_contents(
 def test_health_per_model(server: LanternServer) -> None:
     status = health_pb2.HealthCheckResponse
     with grpc.insecure_channel(server.grpc_inference) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+        health: Any = health_pb2_grpc.HealthStub(channel)  # its stubs declare no methods
         check = health.Check
         assert check(health_pb2.HealthCheckRequest(service="")).status == status.SERVING
         assert check(health_pb2.HealthCheckRequest(service="custom/2.0")).status == status.SERVING

@@ -94,7 +94,7 @@ def mgmt_md(keys: dict[str, str]) -> tuple[tuple[str, str], ...]:
 def code_of(fn: Any, *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         fn(*args, **kwargs)
-    return info.value.code(), info.value.details()
+    return info.value.code(), info.value.details() or ""
 
 
 def predict(ts: SimpleNamespace, model: str, data: bytes, version: str = "") -> Any:
@@ -149,7 +149,9 @@ def test_unknown_model_message(inference: Any, ts: SimpleNamespace, inf_md) -> N
     with pytest.raises(grpc.RpcError) as info:
         inference.Predictions(predict(ts, "nope", b"x"), metadata=inf_md)
     assert info.value.details() == "Model not found: nope"
-    rid = dict(info.value.trailing_metadata())["x-request-id"]  # a new one, as HTTP answers
+    # Values are str (the stubs say bytes, which only "-bin" keys carry).
+    trailers: dict[str, Any] = {m.key: m.value for m in info.value.trailing_metadata()}
+    rid = trailers["x-request-id"]  # a new one, as HTTP answers
     assert re.fullmatch(r"[0-9a-f-]{36}", rid)
 
 
@@ -288,7 +290,7 @@ def test_each_port_takes_only_its_own_key(
 
 def test_health_and_reflection_need_no_key(server: ThreadedLantern) -> None:
     with grpc.insecure_channel(server.grpc_inference) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+        health: Any = health_pb2_grpc.HealthStub(channel)  # its stubs declare no methods
         serving = health_pb2.HealthCheckResponse.SERVING
         assert health.Check(health_pb2.HealthCheckRequest()).status == serving
         assert health.Check(health_pb2.HealthCheckRequest(service="echo")).status == serving

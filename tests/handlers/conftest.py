@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,9 @@ def package(tmp_path: Path) -> Callable[..., tuple[Service, Context]]:
         n = next(counter)
         export = tmp_path / f"export{n}"
         export.mkdir()
-        kwargs = {k: (str(v) if isinstance(v, Path) else v) for k, v in build_kwargs.items()}
+        kwargs: dict[str, Any] = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in build_kwargs.items()
+        }
         if "extra_files" in kwargs:
             kwargs["extra_files"] = [str(p) for p in kwargs["extra_files"]]
         kwargs.setdefault("version", "1.0")

@@ -14,7 +14,7 @@ CAT_LABELS = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"
 
 
 def top1(result: dict[str, float]) -> str:
-    return max(result, key=result.get)
+    return max(result, key=result.__getitem__)
 
 
 def image_batch() -> list[dict]:

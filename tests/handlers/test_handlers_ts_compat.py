@@ -121,7 +121,7 @@ def test_intermediate_responses_are_recorded(package, tmp_path, doubling_model):
     assert ctx.intermediate_responses[0]["request_ids"] == {0: "req-0", 1: "req-1"}
     assert ctx.intermediate_responses[0]["code"] == 200
 
-    sent = []
+    sent: list[dict] = []
     ctx.intermediate_sink = sent.append  # a streaming worker forwards chunks immediately
     ctx.intermediate_responses.clear()
     service.predict(batch, ctx)

@@ -151,3 +151,17 @@ def test_explain_and_describe(tiny_classifier):
 
     set_batch(ctx, batch[:1], headers=[{"describe": "True"}])
     assert service.predict(batch[:1], ctx) == [None]
+
+
+def test_detector_explanations_are_not_supported(package, tmp_path):
+    # Its preprocess gives a list of images; VisionHandler's attributions need one stacked batch.
+    service, ctx = package(
+        model_name="detector",
+        handler="object_detector",
+        model_file=write(tmp_path / "model.py", DETECTOR_PY),
+    )
+    batch = [{"body": png(40, 30)}]
+    set_batch(ctx, batch, headers=[{"explain": "True"}])
+    with pytest.raises(PredictionException) as info:
+        service.predict(batch, ctx)
+    assert info.value.error_code == 501

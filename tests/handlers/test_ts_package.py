@@ -73,7 +73,7 @@ def test_every_shim_module_imports_and_is_listed() -> None:
     assert found == SHIM_MODULES
     for name in sorted(SHIM_MODULES):
         module = importlib.import_module(name)
-        assert module.__file__.startswith(SHIM_ROOT), name
+        assert module.__file__ is not None and module.__file__.startswith(SHIM_ROOT), name
         for public in getattr(module, "__all__", []):
             assert hasattr(module, public), f"{name}.{public}"
 
@@ -110,7 +110,8 @@ def test_the_migration_doc_table_names_every_torchserve_module() -> None:
         line.split(" | ")[0]: line.split(" | ")[1] for line in table.splitlines() if "| `ts" in line
     }
     for name in TS_012_MODULES:
-        [status] = [status for cell, status in rows.items() if f"`{name}`" in cell] or [None]
+        named: list[str | None] = [status for cell, status in rows.items() if f"`{name}`" in cell]
+        [status] = named or [None]
         assert status is not None, f"{name} is not in the table"
         shipped = name in SHIM_MODULES
         assert status.startswith("absent") != shipped, f"{name}: {status[:30]}"

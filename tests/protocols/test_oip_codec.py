@@ -133,6 +133,7 @@ def test_request_fields_are_kept() -> None:
     assert parsed.timeout_us == 2_000_000
     assert parsed.parameters == {"timeout": 2_000_000, "custom": "v"}
     assert parsed.output_names == ["y", "z"]
+    assert parsed.outputs is not None
     assert parsed.outputs[0].binary is True and parsed.outputs[1].binary is None
 
 

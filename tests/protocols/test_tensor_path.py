@@ -208,7 +208,10 @@ def test_onnx_requests_are_checked_one_by_one_against_the_graph(multi) -> None:
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 50, (2, 8)).astype(np.int64)
     image = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
-    good = {"tokens": (tokens, "INT64"), "image": (image, "FP32")}
+    good: dict[str, tuple[np.ndarray, str]] = {
+        "tokens": (tokens, "INT64"),
+        "image": (image, "FP32"),
+    }
     answers = run(
         service,
         context,
@@ -371,7 +374,7 @@ def test_fixed_batch_onnx_model_runs_each_request_alone(tmp: Path) -> None:
 
 
 def test_custom_handler_receives_decoded_requests(tmp: Path) -> None:
-    config = {
+    config: dict[str, Any] = {
         "factor": 3,
         "metadata": {
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],

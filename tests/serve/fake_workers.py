@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from serve.core.dispatcher import Worker
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import WorkerDied
 
@@ -79,13 +80,13 @@ class FakePool:
         self.finished: list[str] = []
         self.serving = True
 
-    def workers(self) -> list[FakeWorker]:  # type: ignore[override]
+    def workers(self) -> list[Worker]:
         return list(self.workers_)
 
     def can_serve(self) -> bool:
         return self.serving and bool(self.workers_)
 
-    def batch_finished(self, worker: FakeWorker) -> None:  # type: ignore[override]
+    def batch_finished(self, worker: Worker) -> None:
         self.finished.append(worker.worker_id)
 
     def replace(self, index: int) -> FakeWorker:

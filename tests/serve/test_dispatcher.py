@@ -6,8 +6,9 @@ import ast
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, ne
 from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
 from serve.worker.process import WorkerProcess
 from tests.serve.fake_workers import FakePool
+from tests.support.waiting import until
 
 _ids = itertools.count()
 
@@ -40,7 +42,7 @@ def make(
     values.update(overrides)
     model_settings = ModelSettings().merged(values)
     pool = FakePool(workers)
-    dispatcher = Dispatcher("m", "1", pool, lambda: model_settings)  # type: ignore[arg-type]
+    dispatcher = Dispatcher("m", "1", pool, lambda: model_settings)
     return dispatcher, pool, lambda: model_settings
 
 
@@ -49,15 +51,8 @@ async def ticks(n: int = 5) -> None:
         await asyncio.sleep(0)
 
 
-async def until(condition: Callable[[], bool], limit: float = 5.0) -> None:
-    """Let the loop run until ``condition`` holds (fails past ``limit`` seconds)."""
-    async with asyncio.timeout(limit):
-        while not condition():
-            await asyncio.sleep(0)
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(test())  # type: ignore[arg-type]
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
 
 
 def outcome(future: asyncio.Future[ItemResult]) -> ItemResult | BaseException:
@@ -287,11 +282,15 @@ async def _play(
         if worker.state is WorkerState.DEAD:
             pool.replace(index)
     dispatcher.schedule()
-    async with asyncio.timeout(10):
-        while not all(f.done() for f in futures):
-            for worker in pool.workers_:
-                worker.finish()
-            await asyncio.sleep(0)
+
+    def all_done() -> bool:  # else let the workers answer what they hold
+        if all(f.done() for f in futures):
+            return True
+        for worker in pool.workers_:
+            worker.finish()
+        return False
+
+    await until(all_done, 10)
     return pool, futures, ids
 
 
@@ -362,7 +361,7 @@ def test_errors_from_a_live_worker_reach_only_their_own_request() -> None:
         assert worker._current is not None
         worker._current.set_result(
             BatchOutcome(
-                [ItemResult(200, b"ok", None), ServeError("boom")],  # type: ignore[list-item]
+                [ItemResult(200, b"ok", None), ServeError("boom")],
                 {},
                 [],
             )

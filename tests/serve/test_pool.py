@@ -9,9 +9,10 @@ import os
 import pytest
 
 from serve.config import ModelSettings
-from serve.core.jobs import WorkerState, next_state
-from serve.core.pool import WorkerPool, WorkerSlot, backoff_delay, restart_backoff
+from serve.core.jobs import BatchOutcome, WorkerState, next_state
+from serve.core.pool import WorkerFactory, WorkerPool, WorkerSlot, backoff_delay, restart_backoff
 from serve.worker.process import WorkerStartFailed
+from tests.support.waiting import until
 
 
 @pytest.mark.parametrize(
@@ -78,11 +79,21 @@ class _Proc:
         self.state = WorkerState.DEAD
         self._exit.set()
 
-    async def run_batch(self, items, on_partial=None):  # type: ignore[no-untyped-def]
+    async def run_batch(self, items: object, on_partial: object = None) -> BatchOutcome:
         raise AssertionError("not used")
 
 
-def _pool(factory, **settings: object) -> WorkerPool:  # type: ignore[no-untyped-def]
+def _recording(procs: list[_Proc]) -> WorkerFactory:
+    """A factory of `_Proc` workers that appends each one it makes to ``procs``."""
+
+    def factory(slot: WorkerSlot) -> _Proc:
+        procs.append(_Proc(slot.worker_id))
+        return procs[-1]
+
+    return factory
+
+
+def _pool(factory: WorkerFactory, **settings: object) -> WorkerPool:
     model_settings = ModelSettings().merged(settings)
     return WorkerPool("m", "1", factory, lambda: model_settings, max_backoff=0.0)
 
@@ -160,9 +171,7 @@ def test_a_worker_over_its_memory_cap_is_recycled_between_batches(
         pool.batch_finished(first)
         assert first.state is WorkerState.STOPPING  # takes no new batch from here on
         assert recycled == [True]
-        async with asyncio.timeout(5):
-            while len(procs) < 2 or procs[1].state is not WorkerState.READY:
-                await asyncio.sleep(0)
+        await until(lambda: len(procs) >= 2 and procs[1].state is WorkerState.READY)
         assert first.stopped and slot.process is procs[1]
         assert slot.restarts == 0 and slot.crash_streak == 0  # not a crash
         await pool.stop()
@@ -175,7 +184,7 @@ def test_a_worker_over_its_memory_cap_is_recycled_between_batches(
 def test_no_memory_cap_no_recycling() -> None:
     async def scenario() -> None:
         procs: list[_Proc] = []
-        pool = _pool(lambda slot: procs.append(_Proc(slot.worker_id)) or procs[-1])
+        pool = _pool(_recording(procs))
         pool.add()
         await asyncio.wait_for(pool.wait_loaded(), 5)
         pool.batch_finished(procs[0])
@@ -192,7 +201,7 @@ def test_a_crash_restarts_at_once_then_backs_off_in_a_loop() -> None:
         pool = WorkerPool(
             "m",
             "1",
-            lambda slot: procs.append(_Proc(slot.worker_id)) or procs[-1],
+            _recording(procs),
             lambda: model_settings,
             max_backoff=30.0,
             stable_after=60.0,
@@ -200,13 +209,9 @@ def test_a_crash_restarts_at_once_then_backs_off_in_a_loop() -> None:
         slot = pool.add()
         await asyncio.wait_for(pool.wait_loaded(), 5)
         procs[0].kill()  # first crash: replaced without delay
-        async with asyncio.timeout(5):
-            while len(procs) < 2 or procs[1].state is not WorkerState.READY:
-                await asyncio.sleep(0)
+        await until(lambda: len(procs) >= 2 and procs[1].state is WorkerState.READY)
         procs[1].kill()  # second crash seconds later: a streak, 1 s back-off
-        async with asyncio.timeout(5):
-            while slot.crash_streak < 2:
-                await asyncio.sleep(0)
+        await until(lambda: slot.crash_streak >= 2)
         await asyncio.sleep(0.2)  # a tenth of the 1 s back-off: a restart now would be early
         assert len(procs) == 2, "restarted before its back-off"
         assert slot.restarts == 2

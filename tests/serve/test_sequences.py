@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from serve.config import ModelSettings
-from serve.core.dispatcher import Dispatcher
+from serve.core.dispatcher import Dispatcher, Worker
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState, next_state
 from serve.core.sequences import (
     SEQUENCE_END_HEADER,
@@ -195,13 +195,13 @@ class FakePool:
     def __init__(self, workers: list[FakeWorker]) -> None:
         self._workers = workers
 
-    def workers(self) -> list[FakeWorker]:
-        return self._workers
+    def workers(self) -> list[Worker]:
+        return list(self._workers)
 
     def can_serve(self) -> bool:
         return True
 
-    def batch_finished(self, worker: FakeWorker) -> None:
+    def batch_finished(self, worker: Worker) -> None:
         pass
 
 
@@ -594,7 +594,11 @@ def test_the_worker_marks_partial_answers_from_the_stopping_criteria() -> None:
     class Ctx:
         def __init__(self) -> None:
             self.headers: dict[int, dict[str, str]] = {0: {}, 1: {}, 2: {}}
-            self.stopping_criteria = [lambda r: r > 10, lambda r: None, lambda r: False]
+            self.stopping_criteria: list[Callable[[Any], Any]] | None = [
+                lambda r: r > 10,
+                lambda r: None,
+                lambda r: False,
+            ]
 
         def set_response_header(self, idx: int, key: str, value: str) -> None:
             self.headers[idx][key] = value

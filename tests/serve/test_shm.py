@@ -41,7 +41,7 @@ def test_the_allocator_bumps_and_resets_when_empty(
     size: int, steps: list[tuple[int, int | None]], offsets: list[int | None]
 ) -> None:
     alloc = BumpAllocator(size)
-    got = []
+    got: list[int | None] = []
     for owner, length in steps:
         if length is None:
             alloc.free(owner)

@@ -17,6 +17,7 @@ from serve.wire.errors import WorkerDied
 from serve.worker.process import WorkerProcess
 from tests.support.arena import arena_fds, arena_mappings
 from tests.support.server import HANDLERS
+from tests.support.waiting import until
 from tests.support.worker_spec import worker_spec
 
 MiB = 1 << 20
@@ -52,8 +53,9 @@ async def running(
 
 
 def answers(outcome: BatchOutcome) -> list[dict]:
-    assert all(isinstance(r, ItemResult) for r in outcome.results), outcome.results
-    return [json.loads(r.body) for r in outcome.results]
+    results = [r for r in outcome.results if isinstance(r, ItemResult)]
+    assert len(results) == len(outcome.results), outcome.results
+    return [json.loads(r.body) for r in results]
 
 
 def test_large_bodies_go_through_the_arena_intact_and_their_space_is_freed(
@@ -95,6 +97,7 @@ def test_bodies_that_do_not_fit_go_inline(tmp_path: Path) -> None:
         async with running(tmp_path, 4 * MiB) as proc:
             got = answers(await proc.run_batch(items(*bodies)))
             assert [a["sha256"] for a in got] == [hashlib.sha256(b).hexdigest() for b in bodies]
+            assert proc.arena is not None
             assert (proc.arena.placed, proc.arena.inline) == (1, 2)  # the first 3 MiB fitted
             assert proc.arena.allocator.in_use == 0
 
@@ -129,14 +132,16 @@ def test_a_streamed_batch_keeps_its_space_until_the_final_result(tmp_path: Path)
 
     async def scenario() -> None:
         async with running(tmp_path, 4 * MiB, handler="stream_handler.py") as proc:
-            assert proc.arena is not None
+            arena = proc.arena
+            assert arena is not None
             outcome = await proc.run_batch(
                 items(body(MiB, 1)),
-                lambda _: held_during_partials.append(proc.arena.allocator.in_use),
+                lambda _: held_during_partials.append(arena.allocator.in_use),
             )
-            assert outcome.results[0].body == b"done"
+            result = outcome.results[0]
+            assert isinstance(result, ItemResult) and result.body == b"done"
             assert held_during_partials == [MiB] * 3
-            assert proc.arena.allocator.in_use == 0
+            assert arena.allocator.in_use == 0
 
     asyncio.run(scenario())
 
@@ -150,9 +155,8 @@ def test_a_worker_killed_mid_batch_takes_its_arena_with_it(tmp_path: Path) -> No
             arena = proc.arena
             assert arena is not None
             batch = asyncio.create_task(proc.run_batch(items(held)))
-            async with asyncio.timeout(60):  # the handler has the body: it created the flag
-                while not Path(f"{gate}.started").exists():
-                    await asyncio.sleep(0.05)
+            # The handler has the body: it created the flag.
+            await until(Path(f"{gate}.started").exists, 60, interval=0.05)
             assert arena.allocator.in_use == len(held)  # held while the worker has it
             proc.kill()
             with pytest.raises(WorkerDied):

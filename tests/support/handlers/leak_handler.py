@@ -6,7 +6,7 @@ reports the worker's pid and resident memory. Anything else just answers.
 
 import os
 
-_KEPT = []
+_KEPT: list[bytes] = []
 
 
 def _rss_mib():
