@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve.wire.errors import ServeError
+from serve.wire.messages import PredictItem
+
+# What the worker needs of one request is what the PREDICT frame carries of it: the wire's item.
+BatchItem = PredictItem
 
 
 class WorkerState(enum.Enum):
@@ -28,16 +32,10 @@ LIVE_STATES = (WorkerState.READY, WorkerState.BUSY)
 
 
 @dataclass(slots=True)
-class BatchItem:
-    """What the worker needs of one request."""
-
-    request_id: str
-    headers: dict[str, str]
-    params: list[tuple[str, str | None, bytes]]
-
-
-@dataclass(slots=True)
 class ItemResult:
+    """A request's answer as the frontend hands it on (from the worker's `ResultItem` or
+    `PartialItem`); a streaming answer's ``stream`` carries what follows."""
+
     status: int
     body: bytes
     content_type: str | None
