@@ -126,20 +126,20 @@ def encode_predict(seq: int, items: Sequence[PredictItem]) -> Frame:
 
 def decode_predict(frame: Frame) -> list[PredictItem]:
     """A PREDICT frame's items, each parameter with its payload."""
-    payloads = iter(frame.payloads)
+    payloads = frame.payloads
+    used = 0
+    items = []
     try:
-        items = [
-            PredictItem(
-                req["id"],
-                req["headers"],
-                [(name, content_type, next(payloads)) for name, content_type in req["params"]],
-            )
-            for req in frame.meta["requests"]
-        ]
-    except (KeyError, TypeError, ValueError, StopIteration) as exc:
+        for req in frame.meta["requests"]:
+            params = []
+            for name, content_type in req["params"]:
+                params.append((name, content_type, payloads[used]))
+                used += 1
+            items.append(PredictItem(req["id"], req["headers"], params))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ProtocolError(f"malformed PREDICT frame: {exc!r}"[:200]) from exc
-    if next(payloads, None) is not None:
-        raise ProtocolError("malformed PREDICT frame: more payloads than parameters")
+    if used != len(payloads):
+        raise ProtocolError(f"malformed PREDICT frame: {len(payloads)} payloads, {used} parameters")
     return items
 
 
