@@ -218,7 +218,7 @@ def _decode(index: int, req: PredictItem, kind: str) -> Pending:
     if kind == OIP:
         tensors: dict[str, Tensor] = {}
         for name, content_type, raw in req.params:
-            if not is_tensor_param(content_type):
+            if content_type is None or not is_tensor_param(content_type):
                 raise BadRequest(f"parameter '{name}' is not a tensor")
             tensors[name] = tensor_from_param(name, content_type, raw)
         pending.tensors = tensors
