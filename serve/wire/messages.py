@@ -8,6 +8,8 @@ batch's answers and a PARTIAL frame's chunks, each with one encoder and one deco
       ResultItem    ``{"status", "ct", "headers"}`` and its body as the payload, or
       ErrorItem     ``{"error": {"code", "type", "message", "request_id"}}`` and an empty payload
     PartialItem   a PARTIAL's ``{"items": [{"ct"}]}``, a streamed chunk per item, and its body
+    Loaded        LOADED ``{"pid", "modules", "warmup", "gpu_memory"}``: ready, after warm-up
+    LoadFailed    LOAD_FAILED ``{"type", "message"}``: the handler did not load or warm up
 
 These run for every batch on both sides: plain slotted dataclasses, no validation beyond what
 decoding needs (a malformed frame is a `ProtocolError`, a bug rather than user input).
@@ -26,13 +28,17 @@ from serve.wire.frames import Frame, MsgType, ProtocolError
 __all__ = [
     "BatchResult",
     "ErrorItem",
+    "LoadFailed",
+    "Loaded",
     "PartialItem",
     "PredictItem",
     "ResultItem",
     "WorkerSpec",
+    "decode_load",
     "decode_partial",
     "decode_predict",
     "decode_result",
+    "encode_load",
     "encode_partial",
     "encode_predict",
     "encode_result",
@@ -241,3 +247,54 @@ def decode_partial(frame: Frame) -> list[PartialItem]:
         ]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed PARTIAL frame: {exc!r}"[:200]) from exc
+
+
+@dataclass(slots=True)
+class Loaded:
+    """The worker is ready: its handler is loaded and warmed up."""
+
+    pid: int
+    modules: list[str]  # the frameworks it imported (`serve.worker.spares.loaded_frameworks`)
+    warmup: dict[str, Any]  # requests, batches, seconds
+    gpu_memory: int | None = None  # bytes torch holds on its GPU; None: no CUDA through torch
+
+
+@dataclass(slots=True)
+class LoadFailed:
+    """The worker's handler failed to load or to warm up; ``message`` is fit for a client."""
+
+    type: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+def encode_load(outcome: Loaded | LoadFailed) -> Frame:
+    """The LOADED or LOAD_FAILED frame that ends a worker's start."""
+    if isinstance(outcome, Loaded):
+        meta: dict[str, Any] = {
+            "pid": outcome.pid,
+            "modules": outcome.modules,
+            "warmup": outcome.warmup,
+            "gpu_memory": outcome.gpu_memory,
+        }
+        return Frame(MsgType.LOADED, 0, meta)
+    return Frame(MsgType.LOAD_FAILED, 0, {"type": outcome.type, "message": outcome.message})
+
+
+def decode_load(frame: Frame) -> Loaded | LoadFailed:
+    meta = frame.meta
+    try:
+        if frame.type == MsgType.LOAD_FAILED:
+            return LoadFailed(str(meta["type"]), str(meta["message"]))
+        if frame.type == MsgType.LOADED:
+            return Loaded(
+                meta["pid"],
+                list(meta.get("modules") or []),
+                meta.get("warmup") or {},
+                meta.get("gpu_memory"),
+            )
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed {frame.type.name} frame: {exc!r}"[:200]) from exc
+    raise ProtocolError(f"a {frame.type.name} frame where LOADED or LOAD_FAILED belongs")

@@ -22,11 +22,14 @@ from serve.wire.log_records import encode_worker_record
 from serve.wire.messages import (
     BatchResult,
     ErrorItem,
+    Loaded,
+    LoadFailed,
     PartialItem,
     PredictItem,
     ResultItem,
     WorkerSpec,
     decode_predict,
+    encode_load,
     encode_partial,
     encode_result,
 )
@@ -287,7 +290,7 @@ def client_errors(result: BatchResult) -> BatchResult:
     return result
 
 
-def load_failure(spec: WorkerSpec, exc: BaseException) -> dict[str, str]:
+def load_failure(spec: WorkerSpec, exc: BaseException) -> LoadFailed:
     """What the frontend (and a management client) hears of a handler that failed to load.
 
     It names the handler and the exception; its text, one line without paths, stays short: the
@@ -297,10 +300,8 @@ def load_failure(spec: WorkerSpec, exc: BaseException) -> dict[str, str]:
 
     handler = spec.handler or spec.manifest.get("model", {}).get("handler")
     detail = client_message(str(exc)) or type(exc).__name__
-    return {
-        "type": type(exc).__name__,
-        "message": f"handler {handler or '?'} failed to load ({detail}); see the model log",
-    }
+    message = f"handler {handler or '?'} failed to load ({detail}); see the model log"
+    return LoadFailed(type(exc).__name__, message)
 
 
 class _RecordLines(logging.Handler):
@@ -353,7 +354,7 @@ def main(argv: list[str]) -> int:
         _cap_threads(spec)
     except BaseException as exc:
         logger.error("Failed to load the model", exc_info=True)
-        conn.send(Frame(MsgType.LOAD_FAILED, 0, load_failure(spec, exc)))
+        conn.send(encode_load(load_failure(spec, exc)))
         return 1
     # Warm-up runs through the real handler before we report loaded: no request ever meets a
     # cold worker, whether it was started by a register, a scale-up, a restart or a swap.
@@ -364,16 +365,10 @@ def main(argv: list[str]) -> int:
         warmup = run_warmup(service, context, spec, run_batch)
     except WarmupFailed as exc:
         logger.error("Warm-up failed: %s", exc)
-        conn.send(Frame(MsgType.LOAD_FAILED, 0, {"type": "WarmupFailed", "message": str(exc)}))
+        conn.send(encode_load(LoadFailed("WarmupFailed", str(exc))))
         return 1
     # What it imported tells the server's spares what to preload (serve/worker/spares.py).
-    loaded = {
-        "pid": os.getpid(),
-        "modules": loaded_frameworks(),
-        "warmup": warmup,
-        "gpu_memory": _gpu_memory(spec),
-    }
-    conn.send(Frame(MsgType.LOADED, 0, loaded))
+    conn.send(encode_load(Loaded(os.getpid(), loaded_frameworks(), warmup, _gpu_memory(spec))))
     decode = spec.decode_input_request
     while True:
         frame = conn.receive()

@@ -20,7 +20,10 @@ from serve.wire.frames import Frame, FrameDecoder, MsgType, ProtocolError, encod
 from serve.wire.log_records import decode_worker_line
 from serve.wire.messages import (
     ErrorItem,
+    Loaded,
+    LoadFailed,
     WorkerSpec,
+    decode_load,
     decode_partial,
     decode_result,
     encode_predict,
@@ -139,13 +142,13 @@ class WorkerProcess:
             loaded = await self._await_or_exit(
                 self._read_until_loaded(reader, decoder), max(0.1, deadline - time.monotonic())
             )
-            if loaded.type == MsgType.LOAD_FAILED:
-                raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
-            self.modules = list(loaded.meta.get("modules") or [])
+            if isinstance(loaded, LoadFailed):
+                raise WorkerStartFailed(str(loaded))
+            self.modules = loaded.modules
             if self.spares is not None:
                 self.spares.learn(self.modules)
-            self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
-            self.gpu_memory = loaded.meta.get("gpu_memory")
+            self.warmup = loaded.warmup  # requests, batches, seconds
+            self.gpu_memory = loaded.gpu_memory
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.state = WorkerState.READY
         except BaseException:
@@ -195,14 +198,14 @@ class WorkerProcess:
 
     async def _read_until_loaded(
         self, reader: asyncio.StreamReader, decoder: FrameDecoder
-    ) -> Frame:
+    ) -> Loaded | LoadFailed:
         while True:
             data = await reader.read(1 << 16)
             if not data:
                 raise WorkerStartFailed(f"worker {self.worker_id} closed its socket while loading")
             for frame in decoder.feed(data):
                 if frame.type in (MsgType.LOADED, MsgType.LOAD_FAILED):
-                    return frame
+                    return decode_load(frame)
 
     async def _read_results(self, reader: asyncio.StreamReader, decoder: FrameDecoder) -> None:
         try:

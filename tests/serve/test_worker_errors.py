@@ -64,11 +64,11 @@ def test_error_items_are_cut_to_one_line_without_paths() -> None:
 def test_load_failure_names_the_handler_not_the_paths(tmp_path: Path) -> None:
     spec = WorkerSpec("m", "1.0", str(tmp_path), {"model": {"handler": "custom_handler.py"}})
     exc = ImportError("cannot load /srv/build/secret/libnative.so:\nundefined symbol")
-    meta = load_failure(spec, exc)
-    assert meta["type"] == "ImportError"
-    assert "custom_handler.py" in meta["message"]
-    assert "libnative.so" in meta["message"] and "/srv/build" not in meta["message"]
-    assert "\n" not in meta["message"]
+    failure = load_failure(spec, exc)
+    assert failure.type == "ImportError"
+    assert "custom_handler.py" in failure.message
+    assert "libnative.so" in failure.message and "/srv/build" not in failure.message
+    assert "\n" not in failure.message
 
 
 def test_the_handler_context_has_the_servers_version(tmp_path: Path) -> None:

@@ -17,13 +17,17 @@ from serve.wire.frames import Frame, MsgType, ProtocolError, encode_bytes, frame
 from serve.wire.messages import (
     BatchResult,
     ErrorItem,
+    Loaded,
+    LoadFailed,
     PartialItem,
     PredictItem,
     ResultItem,
     WorkerSpec,
+    decode_load,
     decode_partial,
     decode_predict,
     decode_result,
+    encode_load,
     encode_partial,
     encode_predict,
     encode_result,
@@ -166,6 +170,58 @@ def test_malformed_result_frames(frame: Frame) -> None:
 def test_malformed_partial_frames() -> None:
     with pytest.raises(ProtocolError, match="PARTIAL"):
         decode_partial(Frame(MsgType.PARTIAL, 1, {"items": [{}, {}]}, (b"",)))
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (
+            Loaded(41, ["torch"], {"requests": 2, "batches": 1, "seconds": 0.5}, 1 << 30),
+            Frame(
+                MsgType.LOADED,
+                0,
+                {
+                    "pid": 41,
+                    "modules": ["torch"],
+                    "warmup": {"requests": 2, "batches": 1, "seconds": 0.5},
+                    "gpu_memory": 1 << 30,
+                },
+            ),
+        ),
+        (
+            Loaded(7, [], {}),
+            Frame(MsgType.LOADED, 0, {"pid": 7, "modules": [], "warmup": {}, "gpu_memory": None}),
+        ),
+        (
+            LoadFailed("WarmupFailed", "warm-up request failed"),
+            Frame(
+                MsgType.LOAD_FAILED,
+                0,
+                {"type": "WarmupFailed", "message": "warm-up request failed"},
+            ),
+        ),
+    ],
+)
+def test_load_outcomes(outcome: Loaded | LoadFailed, expected: Frame) -> None:
+    assert encode_bytes(encode_load(outcome)) == encode_bytes(expected)
+    assert decode_load(over_the_wire(encode_load(outcome))) == outcome
+
+
+def test_a_load_failure_reads_as_type_and_message() -> None:
+    assert str(LoadFailed("ImportError", "no module x")) == "ImportError: no module x"
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        Frame(MsgType.LOADED, 0, {}),
+        Frame(MsgType.LOAD_FAILED, 0, {"type": "X"}),
+        Frame(MsgType.RESULT, 0, {"items": []}),
+    ],
+)
+def test_malformed_load_frames(frame: Frame) -> None:
+    with pytest.raises(ProtocolError, match="LOAD|RESULT"):
+        decode_load(frame)
 
 
 @pytest.mark.parametrize(
