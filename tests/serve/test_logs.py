@@ -21,14 +21,7 @@ from serve.http.common import request_id
 from serve.logs import JsonFormatter, LogFile, TextFormatter
 from serve.metrics.prometheus import ServerMetrics
 from serve.metrics.system import SystemMetrics
-
-
-def make_record(
-    msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any
-) -> logging.LogRecord:
-    record = logging.LogRecord("serve.worker", logging.WARNING, __file__, 1, msg, args, None)
-    record.__dict__.update(extra)
-    return record
+from tests.support.log_records import make_record
 
 
 def test_text_formatter_prefixes_worker_records() -> None:

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 from serve.wire.log_records import WORKER_RECORD_MARK, decode_worker_line, encode_worker_record
-
-
-def make_record(
-    msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any
-) -> logging.LogRecord:
-    record = logging.LogRecord("serve.worker", logging.WARNING, __file__, 1, msg, args, None)
-    record.__dict__.update(extra)
-    return record
+from tests.support.log_records import make_record
 
 
 def test_worker_records_cross_as_one_line() -> None:
