@@ -17,27 +17,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from serve.wire.messages import WorkerSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _spec(model_dir: Path, threads: int, batch: int) -> dict[str, Any]:
+def _spec(model_dir: Path, threads: int, batch: int) -> WorkerSpec:
     from archiver import open_archive
+    from serve.wire.messages import WorkerSpec
 
     archive = open_archive(model_dir, model_dir)  # a folder archive is used in place
-    return {
-        "model_name": archive.model_name,
-        "model_version": archive.version,
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": batch,
-        "gpu_id": None,
-        "num_threads": threads,
-        "model_yaml_config": archive.model_config,
-        "limit_max_image_pixels": True,
-    }
+    return WorkerSpec(
+        model_name=archive.model_name,
+        model_version=archive.version,
+        model_dir=str(archive.model_dir),
+        manifest=archive.manifest,
+        batch_size=batch,
+        num_threads=threads,
+        model_yaml_config=archive.model_config,
+    )
 
 
 def _child(args: argparse.Namespace) -> None:

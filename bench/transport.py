@@ -18,11 +18,11 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from archiver import build, open_archive
 from bench import procstat
 from serve.core.jobs import BatchItem
+from serve.wire.messages import WorkerSpec
 from serve.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def handle(data, context):
 """
 
 
-def model_spec(work: Path) -> dict[str, Any]:
+def model_spec(work: Path) -> WorkerSpec:
     """The spec of a worker for the length handler (a folder archive in ``work``)."""
     handler = work / "length_handler.py"
     handler.write_text(HANDLER)
@@ -48,22 +48,17 @@ def model_spec(work: Path) -> dict[str, Any]:
         force=True,
     )
     archive = open_archive(folder, work / "extract")
-    return {
-        "model_name": "length",
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": 1,
-        "gpu_id": None,
-        "num_threads": 1,
-        "cpu_affinity": None,
-        "model_yaml_config": {},
-        "log_level": "WARNING",
-    }
+    return WorkerSpec(
+        model_name="length",
+        model_version="1.0",
+        model_dir=str(archive.model_dir),
+        manifest=archive.manifest,
+        num_threads=1,
+        log_level="WARNING",
+    )
 
 
-async def measure(spec: dict[str, Any], work: Path, arena_mb: int, size: int, n: int) -> dict:
+async def measure(spec: WorkerSpec, work: Path, arena_mb: int, size: int, n: int) -> dict:
     proc = WorkerProcess("length_1.0-w0", spec, work, arena_bytes=arena_mb << 20)
     await proc.start(120)
     batch = [BatchItem("r", {}, [("body", "application/octet-stream", os.urandom(size))])]

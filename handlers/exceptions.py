@@ -18,6 +18,26 @@ class PredictionException(Exception):
         return f"{self.message} : {self.error_code}"
 
 
+class TensorError(Exception):
+    """The tensor fast path (`handlers.tensor_models`) cannot run a request or use a model's
+    outputs. It carries the HTTP status and error type the client is answered with, the shape of
+    the server's own errors (``serve.wire.errors``), which handlers do not raise."""
+
+    status_code = 500
+    error_type = "InternalServerException"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidTensorInput(TensorError):
+    """A request's tensors do not fit the model's inputs (names, types, shapes, values)."""
+
+    status_code = 400
+    error_type = "BadRequestException"
+
+
 class HandlerLoadError(RuntimeError):
     """The handler module, its entry point or the model it loads could not be set up."""
 

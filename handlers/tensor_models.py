@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from serve.wire.errors import BadRequest, ServeError
+from handlers.exceptions import InvalidTensorInput, TensorError
 from serve.wire.tensors import NUMPY_DTYPES, datatype_of
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ def _bytes_to_str(array: np.ndarray, name: str) -> np.ndarray:
             v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)
         ]
     except UnicodeDecodeError:
-        raise BadRequest(f"input '{name}': ONNX string inputs must be UTF-8") from None
+        raise InvalidTensorInput(f"input '{name}': ONNX string inputs must be UTF-8") from None
     return out
 
 
@@ -227,11 +227,11 @@ class TorchAdapter(ModelAdapter):
         elif isinstance(result, (list, tuple)):
             items = [(None, v) for v in result]
         else:
-            raise ServeError(f"the model returned {type(result).__name__}, not tensors")
+            raise TensorError(f"the model returned {type(result).__name__}, not tensors")
         outputs = []
         for i, (key, value) in enumerate(items):
             if not isinstance(value, torch.Tensor):
-                raise ServeError(f"model output {i} is a {type(value).__name__}, not a tensor")
+                raise TensorError(f"model output {i} is a {type(value).__name__}, not a tensor")
             if key is None:
                 key = self.outputs[i].name if i < len(self.outputs) else f"output{i}"
             array, datatype = _from_torch(value)
@@ -243,7 +243,7 @@ def _to_torch(array: np.ndarray, datatype: str, name: str) -> Any:
     import torch
 
     if datatype == "BYTES":
-        raise BadRequest(f"input '{name}': BYTES tensors cannot be passed to a torch model")
+        raise InvalidTensorInput(f"input '{name}': BYTES tensors cannot be passed to a torch model")
     if not array.flags.writeable:  # a view of the request bytes: torch wants its own memory
         array = array.copy()
     if datatype == "BF16":
@@ -349,17 +349,17 @@ def check_feeds(adapter: ModelAdapter, feeds: Feeds, model: str, *, strict: bool
     specs = {s.name: s for s in adapter.inputs}
     for name in feeds:
         if name not in specs:
-            raise BadRequest(f"unexpected inference input '{name}' for model '{model}'")
+            raise InvalidTensorInput(f"unexpected inference input '{name}' for model '{model}'")
     missing = [s.name for s in adapter.inputs if s.name not in feeds]
     if missing:
-        raise BadRequest(
+        raise InvalidTensorInput(
             f"expected {len(specs)} inputs but got {len(feeds)} inputs for model '{model}'; "
             f"missing: {', '.join(missing)}"
         )
     for name, (array, datatype) in feeds.items():
         spec = specs[name]
         if strict and spec.datatype and datatype != spec.datatype:
-            raise BadRequest(
+            raise InvalidTensorInput(
                 f"unexpected datatype {datatype} for inference input '{name}', "
                 f"expecting {spec.datatype}"
             )
@@ -367,7 +367,7 @@ def check_feeds(adapter: ModelAdapter, feeds: Feeds, model: str, *, strict: bool
             array.ndim != len(spec.shape)
             or any(w != -1 and w != g for w, g in zip(spec.shape, array.shape, strict=True))
         ):
-            raise BadRequest(
+            raise InvalidTensorInput(
                 f"unexpected shape for input '{name}' for model '{model}'. "
                 f"Expected {list(spec.shape)}, got {list(array.shape)}"
             )
@@ -386,7 +386,7 @@ def values_to_feeds(
     rename = {}
     if names == ["data"]:
         if len(adapter.inputs) != 1:
-            raise BadRequest(
+            raise InvalidTensorInput(
                 f"model '{model}' has {len(adapter.inputs)} inputs; name them in each instance "
                 f"({', '.join(s.name for s in adapter.inputs)})"
             )
@@ -397,7 +397,7 @@ def values_to_feeds(
         name = rename.get(key, key)
         spec = specs.get(name)
         if spec is None:
-            raise BadRequest(f"unexpected inference input '{key}' for model '{model}'")
+            raise InvalidTensorInput(f"unexpected inference input '{key}' for model '{model}'")
         values = rows[0][key] if columnar else [row[key] for row in rows]
         feeds[name] = _typed(values, spec, name)
     return feeds
@@ -409,7 +409,7 @@ def _typed(values: Any, spec: TensorSpec, name: str) -> tuple[np.ndarray, str]:
         if array.dtype.kind in "SU":  # numpy's fixed-width strings drop trailing NUL bytes
             array = np.array(values, dtype=object)
     except ValueError:
-        raise BadRequest(
+        raise InvalidTensorInput(
             f"input '{name}': the values are not a regular (rectangular) array"
         ) from None
     if array.dtype == object and _all_text(array):
@@ -419,17 +419,19 @@ def _typed(values: Any, spec: TensorSpec, name: str) -> tuple[np.ndarray, str]:
         ]
         array = out
     elif array.dtype == object:
-        raise BadRequest(f"input '{name}': the values are not a regular (rectangular) array")
+        raise InvalidTensorInput(
+            f"input '{name}': the values are not a regular (rectangular) array"
+        )
     datatype = spec.datatype
     if not datatype:
         kind = array.dtype.kind
         datatype = {"f": "FP32", "i": "INT64", "u": "INT64", "b": "BOOL"}.get(kind, "BYTES")
     if datatype == "BYTES":
         if array.dtype != object:
-            raise BadRequest(f"input '{name}' takes strings or {{\"b64\": ...}} values")
+            raise InvalidTensorInput(f"input '{name}' takes strings or {{\"b64\": ...}} values")
         return array, datatype
     if array.dtype == object:
-        raise BadRequest(f"input '{name}' takes {datatype} numbers, not strings")
+        raise InvalidTensorInput(f"input '{name}' takes {datatype} numbers, not strings")
     try:
         if datatype == "BF16":
             from serve.wire.tensors import float32_to_bf16
@@ -437,7 +439,7 @@ def _typed(values: Any, spec: TensorSpec, name: str) -> tuple[np.ndarray, str]:
             return float32_to_bf16(array.astype(np.float32)), datatype
         return array.astype(NUMPY_DTYPES[datatype]), datatype
     except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(
+        raise InvalidTensorInput(
             f"input '{name}': cannot convert the values to {datatype}: {exc}"
         ) from None
 
@@ -502,15 +504,3 @@ def _run_together(
     for i, job in enumerate(group):
         results[job.key] = [(n, parts[i], dt) for n, parts, dt in per_output]
     return True
-
-
-def error_status(exc: Exception) -> tuple[int, str, str]:
-    """(HTTP status, error type, message) for an exception raised while running a model."""
-    if isinstance(exc, ServeError):
-        return exc.status_code, exc.error_type, exc.message
-    kind = type(exc).__name__
-    if kind == "InvalidArgument":  # onnxruntime's complaint about the inputs it was given
-        return 400, "BadRequestException", str(exc)
-    if isinstance(exc, MemoryError) or kind == "OutOfMemoryError":
-        return 507, "OutOfResources", f"{kind}: {exc}"
-    return 500, kind, f"{kind}: {exc}"

@@ -5,9 +5,8 @@ Files under ``--log-dir``: ``lantern.log`` (everything else), ``access_log.log``
 worker's stdout, stderr and Python logging, tagged with model, version and worker id). Plain text
 by default, one JSON object per line with ``log_format: json``.
 
-Workers write each Python log record to stderr as one line, ``WORKER_RECORD_MARK`` + JSON
-(`encode_worker_record`), so that a multi-line traceback reaches the model log as one record with
-its level and request ids; the frontend decodes it with `decode_worker_line`.
+Workers write each Python log record to stderr as one line that the frontend decodes into a
+record of the model log (the codec is `serve.wire.log_records`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ from serve.log_safety import escape_args
 ACCESS_LOGGER = "serve.access"
 MODEL_LOGGER = "serve.worker"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-# ASCII record separator: no print() or library output starts a line with it.
-WORKER_RECORD_MARK = "\x1e"
-_MAX_WORKER_MESSAGE = 32_000  # stays well under the frontend's 64 KiB line limit
 
 
 class TextFormatter(logging.Formatter):
@@ -271,33 +266,3 @@ def setup_logging(
             },
         }
     )
-
-
-def encode_worker_record(record: logging.LogRecord, formatter: logging.Formatter) -> str:
-    """One worker log record as one line for the frontend (traceback included)."""
-    message = record.getMessage()
-    if record.exc_info:
-        message = f"{message}\n{formatter.formatException(record.exc_info)}"
-    if len(message) > _MAX_WORKER_MESSAGE:
-        message = message[:_MAX_WORKER_MESSAGE] + " [truncated]"
-    data: dict[str, Any] = {"level": record.levelno, "logger": record.name, "message": message}
-    request_ids = record.__dict__.get("request_ids")
-    if request_ids:
-        data["request_ids"] = request_ids
-    return WORKER_RECORD_MARK + json.dumps(data, default=str) + "\n"
-
-
-def decode_worker_line(text: str) -> tuple[int, str, dict[str, Any]] | None:
-    """``(level, message, extra)`` of a line from `encode_worker_record`, else None."""
-    if not text.startswith(WORKER_RECORD_MARK):
-        return None
-    try:
-        data = json.loads(text[len(WORKER_RECORD_MARK) :])
-        level = int(data["level"])
-        message = str(data["message"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    extra: dict[str, Any] = {"worker_logger": str(data.get("logger", ""))}
-    if isinstance(data.get("request_ids"), list):
-        extra["request_ids"] = data["request_ids"]
-    return level, message, extra

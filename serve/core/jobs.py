@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from serve.wire.errors import ServeError
+from serve.wire.messages import PredictItem
+
+# What the worker needs of one request is what the PREDICT frame carries of it: the wire's item.
+BatchItem = PredictItem
 
 
 class WorkerState(enum.Enum):
@@ -46,16 +49,10 @@ def next_state(current: WorkerState, wanted: WorkerState) -> WorkerState:
 
 
 @dataclass(slots=True)
-class BatchItem:
-    """What the worker needs of one request."""
-
-    request_id: str
-    headers: dict[str, str]
-    params: Sequence[tuple[str, str | None, bytes]]  # (name, content type, body)
-
-
-@dataclass(slots=True)
 class ItemResult:
+    """A request's answer as the frontend hands it on (from the worker's `ResultItem` or
+    `PartialItem`); a streaming answer's ``stream`` carries what follows."""
+
     status: int
     body: bytes
     content_type: str | None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from serve import __version__
 from serve.config import Config, ModelSettings
 from serve.core.devices import visible_gpus
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerState
@@ -22,6 +23,7 @@ from serve.core.pool import ManagedWorker, WorkerInfo, WorkerPool, WorkerSlot
 from serve.core.sequences import SequenceSettings, make_dispatcher
 from serve.core.threads import ThreadBudget, ThreadDemand
 from serve.wire.errors import ShuttingDown
+from serve.wire.messages import WorkerSpec
 from serve.worker.process import WorkerProcess, WorkerStartFailed
 from serve.worker.spares import SparePool, worker_base_env
 
@@ -263,29 +265,30 @@ class ModelVersion:
             ids = list(range(count))
         return ids[index % len(ids)] if ids else None
 
-    def worker_spec(self, slot: WorkerSlot) -> dict[str, Any]:
-        return {
-            "model_name": self.name,
-            "model_version": self.version,
-            "model_dir": str(self.source.model_dir),
-            "manifest": self.source.manifest,
-            "handler": self.source.handler,
-            "batch_size": self.settings.batch_size,
-            "gpu_id": slot.gpu_id,
-            "num_threads": self.threads_per_worker(),
-            "cpu_affinity": self._affinity(slot),
-            "model_yaml_config": self.source.model_config,
-            "limit_max_image_pixels": self.config.limit_max_image_pixels,
-            "decode_input_request": self.config.decode_input_request,
-            "log_level": self.config.log_level,
-            "metrics_config": self.config.metrics_config,  # its model_metrics are declared
-            "dependency_path": (
+    def worker_spec(self, slot: WorkerSlot) -> WorkerSpec:
+        return WorkerSpec(
+            model_name=self.name,
+            model_version=self.version,
+            model_dir=str(self.source.model_dir),
+            manifest=self.source.manifest,
+            handler=self.source.handler,
+            batch_size=self.settings.batch_size,
+            gpu_id=slot.gpu_id,
+            num_threads=self.threads_per_worker(),
+            cpu_affinity=self._affinity(slot),
+            model_yaml_config=self.source.model_config,
+            limit_max_image_pixels=self.config.limit_max_image_pixels,
+            decode_input_request=self.config.decode_input_request,
+            log_level=self.config.log_level,
+            metrics_config=self.config.metrics_config,  # its model_metrics are declared
+            dependency_path=(
                 str(self.source.dependency_path) if self.source.dependency_path else None
             ),
             # A cold start of a model known to use torch & co. imports them at low priority.
-            "preload": self._frameworks(),
-            "start_nice": self.config.worker_start_nice,
-        }
+            preload=self._frameworks(),
+            start_nice=self.config.worker_start_nice,
+            server_version=__version__,
+        )
 
     def threads_per_worker(self) -> int:
         if self.settings.num_threads:

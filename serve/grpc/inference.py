@@ -16,6 +16,7 @@ from typing import Any
 
 from google.rpc import error_details_pb2, status_pb2
 
+from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
 from serve.grpc.calls import Call, Methods, decoder
 from serve.grpc.errors import grpc_code_for
@@ -23,7 +24,6 @@ from serve.grpc.gen import inference_pb2 as pb
 from serve.http.common import ServerState
 from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import BadRequest, ServeError, error_for_status
-from serve.worker.process import BatchItem, ItemResult
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 # TorchServe's request headers for sequences (``ts_header_key_sequence_*``), set on the item as

@@ -16,7 +16,13 @@ import numpy as np
 from google.protobuf import unknown_fields
 
 from serve.wire.errors import BadRequest
-from serve.wire.oip import InferRequest, RequestedOutput, classify
+from serve.wire.oip import (
+    InferRequest,
+    RequestedOutput,
+    answered_outputs,
+    requested_output,
+    timeout_parameter,
+)
 from serve.wire.tensor_params import Tensor
 from serve.wire.tensors import (
     NUMPY_DTYPES,
@@ -101,26 +107,13 @@ def request_from_pb(request: Any) -> InferRequest:
             raw = _raw_from_contents(entry, datatype, shape, what)
         inputs.append(Tensor(entry.name, datatype, shape, raw))
     params = parameters(request.parameters)
-    timeout = params.get("timeout")
-    timeout_us = None
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-            raise BadRequest("parameter timeout must be a non-negative integer (microseconds)")
-        timeout_us = timeout or None
+    timeout_us = timeout_parameter(params)
     params.pop("binary_data_output", None)  # gRPC answers raw bytes always
     outputs: list[RequestedOutput] | None = None
     if len(request.outputs):
         outputs = []
         for out in request.outputs:
-            out_params = parameters(out.parameters)
-            classes = out_params.get("classification", 0)
-            if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
-                raise BadRequest(
-                    f"output '{out.name}': classification must be a non-negative integer"
-                )
-            if any(o.name == out.name for o in outputs):
-                raise BadRequest(f"output '{out.name}' is requested more than once")
-            outputs.append(RequestedOutput(out.name, True, classes))
+            outputs.append(requested_output(out.name, True, parameters(out.parameters), outputs))
     return InferRequest(request.id or None, params, inputs, outputs, True, timeout_us)
 
 
@@ -149,21 +142,10 @@ def response_to_pb(
     messages: Any, request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
 ) -> Any:
     """A ``ModelInferResponse`` of ``messages`` (the service's generated module)."""
-    by_name = {t.name: t for t in tensors}
-    wanted = (
-        request.outputs
-        if request.outputs is not None
-        else [RequestedOutput(t.name) for t in tensors]
-    )
     response = messages.ModelInferResponse(
         model_name=model_name, model_version=model_version, id=request.id or ""
     )
-    for out in wanted:
-        tensor = by_name.get(out.name)
-        if tensor is None:
-            raise BadRequest(f"unexpected inference output '{out.name}' for model '{model_name}'")
-        if out.classification:
-            tensor = classify(tensor, out.classification)
+    for _, tensor in answered_outputs(request, model_name, tensors):
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
         response.raw_output_contents.append(bytes(tensor.raw))
     return response

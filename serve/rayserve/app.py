@@ -2,9 +2,10 @@
 
 - `LanternModel` replicas run the worker's own code: the archive is opened with the archiver's
   safe extraction, the handler is loaded by ``serve.worker.main.load`` and each batch runs through
-  ``serve.worker.main.run_batch`` as the same PREDICT/RESULT frames a worker process gets over its
-  socket (here in-process: the frames are the contract, Ray carries the requests). Batches are
-  formed by ``@serve.batch`` with the model's ``batchSize`` and ``maxBatchDelay``.
+  ``serve.worker.main.run_items`` as the same messages a worker process gets over its socket
+  (`serve.wire.messages`; here in-process: the messages are the contract, Ray carries the
+  requests). Batches are formed by ``@serve.batch`` with the model's ``batchSize`` and
+  ``maxBatchDelay``.
 - `LanternIngress` answers Lantern's routes through Ray's HTTP proxy: ``/ping``,
   ``/predictions/{model}[/{version}]``, KServe v1 ``/v1/models/{m}:predict``, Open Inference
   Protocol ``/v2/...`` (health, readiness, ``infer``), and the read-only management routes
@@ -35,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from archiver import open_archive
+from serve import __version__
 from serve.config import Config, ModelSettings
 from serve.core.jobs import BatchItem
 from serve.core.params import parse_bool, parse_int
@@ -46,32 +48,14 @@ from serve.rayserve import dashboard
 from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
 from serve.wire import KSERVE_V1, OIP, PROTOCOL_HEADER, oip
-from serve.wire.errors import BadRequest, GatewayTimeout, NotFound, ServeError, error_for_status
-from serve.wire.frames import Frame, predict_frame
+from serve.wire.errors import BadRequest, GatewayTimeout, NotFound, ServeError
+from serve.wire.messages import ErrorItem, ResultItem, WorkerSpec
 from serve.wire.tensor_params import decode_bundle, is_bundle
 
 logger = logging.getLogger("ray.serve")
 
 APP_NAME = "lantern"
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
-
-
-def frame_results(frame: Frame) -> list[dict[str, Any]]:
-    """One plain result per request from a RESULT frame: status, body, type, headers or error."""
-    results = []
-    for item, body in zip(frame.meta["items"], frame.payloads, strict=True):
-        if item.get("error"):
-            results.append({"error": item["error"]})
-        else:
-            results.append(
-                {
-                    "status": item["status"],
-                    "body": body,
-                    "ct": item.get("ct"),
-                    "headers": item.get("headers") or {},
-                }
-            )
-    return results
 
 
 @serve.deployment
@@ -93,31 +77,31 @@ class LanternModel:
         self.workdir = Path(tempfile.mkdtemp(prefix="lantern-ray-"))
         opened = open_archive(Path(archive), self.workdir / "model")
         gpu_ids = ray.get_gpu_ids()
-        spec = {
-            "model_name": name,
-            "model_version": version,
-            "model_dir": str(opened.model_dir),
-            "manifest": opened.manifest,
-            "handler": handler,
-            "batch_size": max_batch_size,
-            "gpu_id": 0 if gpu_ids else None,  # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPU
-            "num_threads": settings.get("num_threads") or 1,
-            "model_yaml_config": opened.model_config,
-        }
+        spec = WorkerSpec(
+            model_name=name,
+            model_version=version,
+            model_dir=str(opened.model_dir),
+            manifest=opened.manifest,
+            handler=handler,
+            batch_size=max_batch_size,
+            gpu_id=0 if gpu_ids else None,  # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPU
+            num_threads=settings.get("num_threads") or 1,
+            model_yaml_config=opened.model_config,
+            server_version=__version__,
+        )
         _cap_threads(spec)
         self.service, self.context = load(spec)
         self.infer.set_max_batch_size(max_batch_size)
         self.infer.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
-    async def infer(self, items: list[BatchItem]) -> list[dict[str, Any]]:
-        from serve.worker.main import run_batch
+    async def infer(self, items: list[BatchItem]) -> list[ResultItem | ErrorItem]:
+        from serve.worker.main import run_items
 
-        frame = predict_frame(0, items)
-        result = await asyncio.to_thread(run_batch, self.service, self.context, frame, True)
-        return frame_results(result)
+        result = await asyncio.to_thread(run_items, self.service, self.context, items, True)
+        return result.items
 
-    async def __call__(self, item: BatchItem) -> dict[str, Any]:
+    async def __call__(self, item: BatchItem) -> ResultItem | ErrorItem:
         return await self.infer(item)
 
     def where(self) -> dict[str, Any]:
@@ -171,9 +155,7 @@ class LanternIngress:
                 return entry
         raise NotFound(f"Model version not found: {name} version {version}")
 
-    async def submit(
-        self, entry: ModelEntry, item: BatchItem, timeout: float | None
-    ) -> dict[str, Any]:
+    async def submit(self, entry: ModelEntry, item: BatchItem, timeout: float | None) -> ResultItem:
         """Run one request on the model's deployment; retried once if its replica died."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
@@ -194,9 +176,8 @@ class LanternIngress:
                 raise GatewayTimeout(
                     f"Request {item.request_id} timed out after {limit:g} s."
                 ) from None
-        if result.get("error"):
-            err = result["error"]
-            raise error_for_status(err["code"], err["message"], err["type"])
+        if isinstance(result, ErrorItem):
+            raise result.exception()
         return result
 
     async def __call__(self, request: Request) -> Response:
@@ -245,7 +226,7 @@ class LanternIngress:
             headers["explain"] = "True"
         item = BatchItem(rid, headers, params)
         result = await self.submit(entry, item, request_timeout(request))
-        return self.response(result, rid, result["ct"] or "application/octet-stream")
+        return self.response(result, rid, result.content_type or "application/octet-stream")
 
     async def v1_predict(
         self, request: Request, rid: str, name: str, version: str | None, explain: bool
@@ -272,19 +253,19 @@ class LanternIngress:
         if infer.timeout_us:
             timeout = min(filter(None, (timeout, infer.timeout_us / 1e6)))
         result = await self.submit(entry, item, timeout)
-        if not is_bundle(result["ct"]):
+        if not is_bundle(result.content_type):
             raise ServeError("The model did not answer with tensors.")
-        tensors = decode_bundle(result["body"], result["ct"] or "")
+        tensors = decode_bundle(result.body, result.content_type or "")
         payload, extra = oip.build_response(infer, entry.name, entry.version, tensors)
         return Response(payload, 200, headers={**NO_CACHE_HEADERS, **extra, "x-request-id": rid})
 
-    def response(self, result: dict[str, Any], rid: str, media_type: str) -> Response:
-        if len(result["body"]) > self.max_response_size:
+    def response(self, result: ResultItem, rid: str, media_type: str) -> Response:
+        if len(result.body) > self.max_response_size:
             raise ServeError(
                 f"The model's response exceeds max_response_size of {self.max_response_size} bytes."
             )
-        headers = {**NO_CACHE_HEADERS, **result["headers"], "x-request-id": rid}
-        return Response(result["body"], result["status"], headers=headers, media_type=media_type)
+        headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
+        return Response(result.body, result.status, headers=headers, media_type=media_type)
 
     async def scale(self, request: Request, name: str, version: str | None) -> Response:
         """``PUT /models/{m}[/{v}]?min_worker=&max_worker=&synchronous=``, as TorchServe answers

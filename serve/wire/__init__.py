@@ -1,10 +1,11 @@
 """The contract between the frontend and its workers: both processes import this, and it imports
 only the standard library and numpy (never torch, never the rest of ``serve``).
 
-Frames and the shared-memory arena (`frames`, `shm`), the error tree and its codes (`errors`,
-`redact`), request JSON (`json_input`), tensor codecs and the protocol bodies they carry (`tensors`,
-`tensor_params`, `oip`, `kserve_v1`). The names below tell a worker which protocol a batch speaks
-without importing numpy.
+Frames and the shared-memory arena (`frames`, `shm`), the typed messages inside the frames
+(`messages`: the worker spec, PREDICT items, RESULT and PARTIAL items), the worker's log lines
+(`log_records`), the error tree and its codes (`errors`, `redact`), request JSON (`json_input`),
+tensor codecs and the protocol bodies they carry (`tensors`, `tensor_params`, `oip`, `kserve_v1`).
+The names below tell a worker which protocol a batch speaks without importing numpy.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ A frame is a fixed header, a table of payload lengths, JSON metadata, then the r
     meta    UTF-8 JSON object
     payloads
 
-Bytes go in, frames come out; the I/O lives with the callers. No pickle crosses the socket.
+Bytes go in, frames come out; the I/O lives with the callers. No pickle crosses the socket. What
+the metadata and payloads of each frame type mean is `serve.wire.messages`.
 
 A PREDICT frame may keep large payloads in the worker's shared-memory arena (`serve.wire.shm`): its
 metadata's ``"shm"`` lists ``[index, offset, length]`` for each, and that payload is sent empty
@@ -37,7 +38,8 @@ class MsgType(enum.IntEnum):
     LOAD_FAILED = 3  # worker → frontend: {"type", "message"}
     PREDICT = 4  # frontend → worker: one batch
     RESULT = 5  # worker → frontend: one result per batch item
-    DESCRIBE = 6  # frontend → worker: run the handler's describe_handle
+    # 6 is unused: a describe request is a PREDICT whose item has the header ``describe: True``
+    # (serve/core/manage.py); the handler's describe_handle answers it like any other request.
     SHUTDOWN = 7  # frontend → worker: finish and exit
     LOG = 8  # reserved
     PARTIAL = 9  # worker → frontend: an intermediate (streamed) chunk for each batch item
@@ -54,19 +56,6 @@ class Frame:
     seq: int
     meta: dict[str, Any] = field(default_factory=dict)
     payloads: tuple[bytes, ...] = ()
-
-
-def predict_frame(seq: int, items: Sequence[Any]) -> Frame:
-    """The PREDICT frame for a batch of requests (``serve.core.jobs.BatchItem``s: ``request_id``,
-    ``headers`` and ``params`` as ``(name, content type, body)``): the ids, headers and parameter
-    names and types in the metadata, the bodies as the payloads, in order."""
-    meta = {
-        "requests": [
-            {"id": it.request_id, "headers": it.headers, "params": [p[:2] for p in it.params]}
-            for it in items
-        ]
-    }
-    return Frame(MsgType.PREDICT, seq, meta, tuple(p[2] for it in items for p in it.params))
 
 
 def move_to_shared(frame: Frame, threshold: int, place: Callable[[bytes], int | None]) -> Frame:

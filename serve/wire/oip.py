@@ -124,12 +124,7 @@ def _parse_doc(doc: Any, body: bytes, length: int | None, max_elements: int | No
     binary_output = params.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise BadRequest("parameter binary_data_output must be a boolean")
-    timeout = params.get("timeout")
-    timeout_us = None
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-            raise BadRequest("parameter timeout must be a non-negative integer (microseconds)")
-        timeout_us = timeout or None
+    timeout_us = timeout_parameter(params)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise BadRequest("the inference request needs an 'inputs' list")
@@ -198,13 +193,33 @@ def _parse_outputs(value: Any) -> list[RequestedOutput] | None:
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"output '{name}': binary_data must be a boolean")
-        classes = params.get("classification", 0)
-        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
-            raise BadRequest(f"output '{name}': classification must be a non-negative integer")
-        if any(o.name == name for o in outputs):
-            raise BadRequest(f"output '{name}' is requested more than once")
-        outputs.append(RequestedOutput(name, binary, classes))
+        outputs.append(requested_output(name, binary, params, outputs))
     return outputs
+
+
+def timeout_parameter(params: dict[str, Any]) -> int | None:
+    """The request's ``timeout`` parameter, checked: microseconds, None for none (or 0).
+
+    Shared by the HTTP and gRPC codecs (``serve.grpc.oip_codec``), as is `requested_output`."""
+    timeout = params.get("timeout")
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise BadRequest("parameter timeout must be a non-negative integer (microseconds)")
+    return timeout or None
+
+
+def requested_output(
+    name: str, binary: bool | None, params: dict[str, Any], before: list[RequestedOutput]
+) -> RequestedOutput:
+    """One requested output, its ``classification`` parameter checked and its name not among
+    those requested ``before`` it."""
+    classes = params.get("classification", 0)
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
+        raise BadRequest(f"output '{name}': classification must be a non-negative integer")
+    if any(o.name == name for o in before):
+        raise BadRequest(f"output '{name}' is requested more than once")
+    return RequestedOutput(name, binary, classes)
 
 
 # ----- responses ------------------------------------------------------------------------------
@@ -225,23 +240,34 @@ def classify(tensor: Tensor, count: int) -> Tensor:
     return Tensor.from_array(tensor.name, labels.reshape(shape), "BYTES")
 
 
-def build_response(
-    request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
-) -> tuple[bytes, dict[str, str]]:
-    """The response body and its headers (content type, and the header length when binary)."""
+def answered_outputs(
+    request: InferRequest, model_name: str, tensors: list[Tensor]
+) -> list[tuple[RequestedOutput, Tensor]]:
+    """The outputs a response carries, in order: those the request named (classified where it
+    asked), else every tensor the model answered. Shared with ``serve.grpc.oip_codec``."""
     by_name = {t.name: t for t in tensors}
     if request.outputs is None:
         wanted = [RequestedOutput(t.name) for t in tensors]
     else:
         wanted = request.outputs
-    outputs: list[dict[str, Any]] = []
-    raws: list[bytes | memoryview] = []
+    answered = []
     for out in wanted:
         tensor = by_name.get(out.name)
         if tensor is None:
             raise BadRequest(f"unexpected inference output '{out.name}' for model '{model_name}'")
-        if out.classification:
-            tensor = classify(tensor, out.classification)
+        answered.append(
+            (out, classify(tensor, out.classification) if out.classification else tensor)
+        )
+    return answered
+
+
+def build_response(
+    request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and its headers (content type, and the header length when binary)."""
+    outputs: list[dict[str, Any]] = []
+    raws: list[bytes | memoryview] = []
+    for out, tensor in answered_outputs(request, model_name, tensors):
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,

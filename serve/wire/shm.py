@@ -1,8 +1,9 @@
 """Large request bodies from the frontend to a worker through one shared-memory arena per worker.
 
-Streaming a 1–16 MB body through the worker's Unix socket costs many partial writes, event-loop
-wakeups and two kernel copies; through the arena it costs one copy in (the frontend) and one copy
-out (the worker, into the ``bytearray`` a handler expects).
+Why: a 1–16 MB body streamed through the worker's Unix socket costs many partial writes,
+event-loop wakeups and two kernel copies; through the arena it costs one copy in (the frontend)
+and one copy out (the worker, into the ``bytearray`` a handler expects). Bodies under the
+threshold (``worker_shm_threshold_kb``) stay inline.
 
 * The frontend creates the arena when it starts a worker: an anonymous ``memfd`` (no name in
   ``/dev/shm``, nothing to unlink, freed by the kernel with its last descriptor or mapping, so a
@@ -14,12 +15,12 @@ out (the worker, into the ``bytearray`` a handler expects).
   marker (`send_arena` / `receive_arena`); the worker maps it read-only and closes it.
 * `BumpAllocator` hands out space per batch (its ``seq``); a batch's space is freed when its final
   RESULT arrives, and with the whole arena when the worker dies. A payload that does not fit goes
-  inline, as every payload did before: never an error.
+  inline: never an error.
 * The PREDICT frame names the payloads that live in the arena (`serve.wire.frames.move_to_shared`,
   `serve.wire.frames.resolve_shared`, which checks every reference against the arena's size).
 
 Where memfd is missing (not Linux) or any step fails, workers get no arena and every payload goes
-inline, as before.
+inline.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ frame carries each request's id, headers and parameters; the RESULT frame carrie
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -17,8 +16,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serve.logs import encode_worker_record
+from serve import __version__
 from serve.wire.frames import Frame, FrameReader, MsgType, encode, resolve_shared
+from serve.wire.log_records import encode_worker_record
+from serve.wire.messages import (
+    BatchResult,
+    ErrorItem,
+    Loaded,
+    LoadFailed,
+    PartialItem,
+    PredictItem,
+    ResultItem,
+    WorkerSpec,
+    decode_predict,
+    encode_load,
+    encode_partial,
+    encode_result,
+)
 from serve.wire.shm import WorkerArena, receive_arena
 
 logger = logging.getLogger("serve.worker")
@@ -66,16 +80,16 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
-def _pin_cpus(spec: dict[str, Any]) -> None:
+def _pin_cpus(spec: WorkerSpec) -> None:
     """Pin to the CPUs the frontend chose, before any thread pool starts (threads inherit it)."""
-    cpus = spec.get("cpu_affinity")
+    cpus = spec.cpu_affinity
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cpus))
 
 
-def _cap_threads(spec: dict[str, Any]) -> None:
+def _cap_threads(spec: WorkerSpec) -> None:
     """Cap torch's intra-op threads, if the handler uses torch at all."""
-    threads = spec.get("num_threads")
+    threads = spec.num_threads
     # OMP_NUM_THREADS is set in our environment already; torch-free handlers never pay for
     # importing torch here.
     if threads and "torch" in sys.modules:
@@ -98,10 +112,10 @@ def _set_threads(threads: int, context: Any) -> None:
             torch.set_num_threads(threads)
 
 
-def _gpu_memory(spec: dict[str, Any]) -> int | None:
+def _gpu_memory(spec: WorkerSpec) -> int | None:
     """Bytes torch holds on this worker's GPU after load and warm-up (memory admission's
     measure); None when the handler did not use CUDA through torch."""
-    gpu_id = spec.get("gpu_id")
+    gpu_id = spec.gpu_id
     if gpu_id is None or "torch" not in sys.modules:
         return None
     import torch
@@ -114,33 +128,32 @@ def _gpu_memory(spec: dict[str, Any]) -> int | None:
         return None
 
 
-def load(spec: dict[str, Any]) -> tuple[Any, Any]:
+def load(spec: WorkerSpec) -> tuple[Any, Any]:
     """Build the context and load the handler named by the spec (or its manifest)."""
     from handlers.compat import install_ts_alias
     from handlers.context import Context
     from handlers.metrics import MetricsStore, read_metrics_yaml
     from handlers.service import load_service
 
-    if spec.get("dependency_path"):  # install_py_dep_per_model: the model's own packages first
-        sys.path.insert(0, spec["dependency_path"])
+    if spec.dependency_path:  # install_py_dep_per_model: the model's own packages first
+        sys.path.insert(0, spec.dependency_path)
     install_ts_alias()  # after it: the ts shim stays first even if a dependency brought TorchServe
-    manifest = spec["manifest"]
-    metrics = MetricsStore(model_name=spec["model_name"])
-    if spec.get("metrics_config"):  # TorchServe's metrics.yaml: declare its model_metrics
-        metrics.declare(read_metrics_yaml(spec["metrics_config"]).get("model_metrics"))
+    metrics = MetricsStore(model_name=spec.model_name)
+    if spec.metrics_config:  # TorchServe's metrics.yaml: declare its model_metrics
+        metrics.declare(read_metrics_yaml(spec.metrics_config).get("model_metrics"))
     context = Context(
-        spec["model_name"],
-        spec["model_dir"],
-        manifest,
-        spec["batch_size"],
-        spec.get("gpu_id"),
-        spec.get("server_version", "0.1.0"),
-        limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
+        spec.model_name,
+        spec.model_dir,
+        spec.manifest,
+        spec.batch_size,
+        spec.gpu_id,
+        spec.server_version or __version__,
+        limit_max_image_pixels=spec.limit_max_image_pixels,
         metrics=metrics,
-        model_yaml_config=spec.get("model_yaml_config") or {},
-        num_threads=spec.get("num_threads"),
+        model_yaml_config=spec.model_yaml_config,
+        num_threads=spec.num_threads,
     )
-    service = load_service(spec["model_dir"], manifest, context, handler=spec.get("handler"))
+    service = load_service(spec.model_dir, spec.manifest, context, handler=spec.handler)
     return service, context
 
 
@@ -149,18 +162,23 @@ def _chunk_sender(conn: Connection, seq: int) -> Callable[[dict[str, Any]], None
     from handlers.output import encode_output
 
     def send(chunk: dict[str, Any]) -> None:
-        items, bodies = [], []
+        items = []
         for value in chunk["results"]:
             body, content_type = encode_output(value)
-            items.append({"ct": content_type})
-            bodies.append(body)
-        conn.send(Frame(MsgType.PARTIAL, seq, {"items": items}, tuple(bodies)))
+            items.append(PartialItem(content_type, body))
+        conn.send(encode_partial(seq, items))
 
     return send
 
 
 def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
-    """Run one PREDICT frame through the handler and build its RESULT frame."""
+    """One PREDICT frame through the handler: its RESULT frame (`run_items` on the frame's
+    messages)."""
+    return encode_result(frame.seq, run_items(service, context, decode_predict(frame), decode))
+
+
+def run_items(service: Any, context: Any, requests: list[PredictItem], decode: bool) -> BatchResult:
+    """Run one batch of requests through the handler: one result or error per request."""
     from handlers.context import RequestProcessor
     from handlers.exceptions import PredictionException, report_failure
     from handlers.inputs import decode_value
@@ -169,18 +187,15 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
 
     # OIP / KServe v1 requests take the tensor path (serve/worker/tensor_path.py), which calls back
     # here for any regular requests in the same batch.
-    routed = run_protocol_batch(service, context, frame, decode, run_batch)
+    routed = run_protocol_batch(service, context, requests, decode, run_items)
     if routed is not None:
         return routed
 
-    requests = frame.meta["requests"]
     batch: list[dict[str, Any]] = []
-    payloads = iter(frame.payloads)
     refused: dict[int, PredictionException] = {}
     for index, req in enumerate(requests):
         row: dict[str, Any] = {}
-        for name, content_type in req["params"]:
-            raw = next(payloads)
+        for name, content_type, raw in req.params:
             try:
                 value = decode_value(raw, content_type) if decode else raw
             except PredictionException as exc:  # e.g. JSON nested too deeply to parse
@@ -193,13 +208,12 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
                 row[name] = value
         batch.append(row)
     if refused:
-        return _without_refused(service, context, frame, decode, refused)
-    context.request_ids = {i: req["id"] for i, req in enumerate(requests)}
-    context.request_processor = [RequestProcessor(req["headers"]) for req in requests]
+        return _without_refused(service, context, requests, decode, refused)
+    context.request_ids = {i: req.request_id for i, req in enumerate(requests)}
+    context.request_processor = [RequestProcessor(req.headers) for req in requests]
     context.handler_timings = {}
     started = time.perf_counter()
-    items: list[dict[str, Any]] = []
-    bodies: list[bytes] = []
+    items: list[ResultItem | ErrorItem] = []
     try:
         results = service.predict(batch, context)
         mark_stream_next(context, results)
@@ -207,25 +221,21 @@ def run_batch(service: Any, context: Any, frame: Frame, decode: bool) -> Frame:
             body, content_type = encode_output(result)
             proc = context.request_processor[i]
             items.append(
-                {
-                    "status": proc.get_response_status_code() or 200,
-                    "ct": context.get_response_content_type(i) or content_type,
-                    "headers": dict(proc.get_response_headers() or {}),
-                }
+                ResultItem(
+                    proc.get_response_status_code() or 200,
+                    context.get_response_content_type(i) or content_type,
+                    dict(proc.get_response_headers() or {}),
+                    body,
+                )
             )
-            bodies.append(body)
     except Exception as exc:  # a handler bug must not end the worker
         # One record (traceback included) carrying the ids the clients got in x-request-id.
-        code, kind, message = report_failure(exc, [req["id"] for req in requests], logger)
-        items = [
-            {"error": {"code": code, "type": kind, "message": message, "request_id": req["id"]}}
-            for req in requests
-        ]
-        bodies = [b""] * len(requests)
+        ids = [req.request_id for req in requests]
+        code, kind, message = report_failure(exc, ids, logger)
+        items = [ErrorItem(code, kind, message, rid) for rid in ids]
     timings = dict(getattr(context, "handler_timings", None) or {})
     timings["handler"] = time.perf_counter() - started
-    meta = {"items": items, "timings": timings, "metrics": context.metrics.drain()}
-    return Frame(MsgType.RESULT, frame.seq, meta, tuple(bodies))
+    return BatchResult(items, timings, context.metrics.drain())
 
 
 def mark_stream_next(context: Any, results: list[Any]) -> None:
@@ -245,58 +255,42 @@ def mark_stream_next(context: Any, results: list[Any]) -> None:
 
 
 def _without_refused(
-    service: Any, context: Any, frame: Frame, decode: bool, refused: dict[int, Any]
-) -> Frame:
+    service: Any,
+    context: Any,
+    requests: list[PredictItem],
+    decode: bool,
+    refused: dict[int, Any],
+) -> BatchResult:
     """Answer the requests whose input could not be decoded with their 4xx; run the others."""
-    requests = frame.meta["requests"]
-    keep_reqs: list[dict[str, Any]] = []
-    keep_payloads: list[bytes] = []
-    payloads = iter(frame.payloads)
-    for index, req in enumerate(requests):
-        mine = [next(payloads) for _ in req["params"]]
-        if index not in refused:
-            keep_reqs.append(req)
-            keep_payloads.extend(mine)
-    items: list[dict[str, Any]] = []
-    bodies: list[bytes] = []
-    meta: dict[str, Any] = {"timings": {}, "metrics": []}
-    ran: Frame | None = None
-    if keep_reqs:
-        sub = Frame(
-            frame.type, frame.seq, {**frame.meta, "requests": keep_reqs}, tuple(keep_payloads)
-        )
-        ran = run_batch(service, context, sub, decode)
-        meta = {k: v for k, v in ran.meta.items() if k != "items"}
-    done = iter(zip(ran.meta["items"], ran.payloads, strict=True)) if ran is not None else iter(())
+    keep = [req for index, req in enumerate(requests) if index not in refused]
+    ran = run_items(service, context, keep, decode) if keep else BatchResult([])
+    done = iter(ran.items)
+    items: list[ResultItem | ErrorItem] = []
     for index, req in enumerate(requests):
         exc = refused.get(index)
         if exc is None:
-            item, body = next(done)
+            items.append(next(done))
         else:
-            error = {"code": exc.error_code, "type": "PredictionException", "message": exc.message}
-            item, body = {"error": {**error, "request_id": req["id"]}}, b""
-        items.append(item)
-        bodies.append(body)
-    return Frame(MsgType.RESULT, frame.seq, {**meta, "items": items}, tuple(bodies))
+            items.append(
+                ErrorItem(exc.error_code, "PredictionException", exc.message, req.request_id)
+            )
+    return BatchResult(items, ran.timings, ran.metrics)
 
 
-def client_errors(frame: Frame) -> Frame:
-    """A RESULT frame's errors as clients may see them: one line, no paths (`serve.wire.redact`).
+def client_errors(result: BatchResult) -> BatchResult:
+    """A batch's errors as clients may see them: one line, no paths (`serve.wire.redact`).
 
     The full text is in the model log already (the frontend adds the request id to 500s).
     """
     from serve.wire.redact import client_message
 
-    for item in frame.meta.get("items") or ():
-        error = item.get("error") if isinstance(item, dict) else None
-        if error:
-            error["message"] = client_message(str(error.get("message") or "")) or str(
-                error.get("type")
-            )
-    return frame
+    for item in result.items:
+        if isinstance(item, ErrorItem):
+            item.message = client_message(item.message) or item.type
+    return result
 
 
-def load_failure(spec: dict[str, Any], exc: BaseException) -> dict[str, str]:
+def load_failure(spec: WorkerSpec, exc: BaseException) -> LoadFailed:
     """What the frontend (and a management client) hears of a handler that failed to load.
 
     It names the handler and the exception; its text, one line without paths, stays short: the
@@ -304,16 +298,14 @@ def load_failure(spec: dict[str, Any], exc: BaseException) -> dict[str, str]:
     """
     from serve.wire.redact import client_message
 
-    handler = spec.get("handler") or (spec.get("manifest") or {}).get("model", {}).get("handler")
+    handler = spec.handler or spec.manifest.get("model", {}).get("handler")
     detail = client_message(str(exc)) or type(exc).__name__
-    return {
-        "type": type(exc).__name__,
-        "message": f"handler {handler or '?'} failed to load ({detail}); see the model log",
-    }
+    message = f"handler {handler or '?'} failed to load ({detail}); see the model log"
+    return LoadFailed(type(exc).__name__, message)
 
 
 class _RecordLines(logging.Handler):
-    """Each record as one line on stderr that the frontend decodes (`serve.logs`)."""
+    """Each record as one line on stderr that the frontend decodes (`serve.wire.log_records`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -340,28 +332,29 @@ def main(argv: list[str]) -> int:
         from serve.worker.spares import wait_as_spare
 
         modules = argv[2].split(",") if len(argv) > 2 and argv[2] else []
-        spare_spec = wait_as_spare(modules, int(argv[3]) if len(argv) > 3 else 0)
-        if spare_spec is None:
+        line = wait_as_spare(modules, int(argv[3]) if len(argv) > 3 else 0)
+        if line is None:
             return 0
-        spec = spare_spec
+        spec = WorkerSpec.decode(line)
     else:
-        spec = json.loads(argv[1])
-    _setup_logging(str(spec.get("log_level") or "INFO").upper())
-    conn = Connection(spec["socket"], int(spec.get("shm_bytes") or 0))
-    conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec["worker_id"], "pid": os.getpid()}))
+        spec = WorkerSpec.decode(argv[1])
+    _setup_logging(spec.log_level.upper())
+    conn = Connection(spec.socket, spec.shm_bytes)
+    conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec.worker_id, "pid": os.getpid()}))
     try:
         _pin_cpus(spec)
-        if spec.get("preload") and argv[1] != "--spare":  # a spare has imported them already
+        if spec.preload and argv[1] != "--spare":  # a spare has imported them already
             from serve.worker.spares import preload
 
-            nice = int(spec.get("start_nice") or 0)
-            took = preload(spec["preload"], nice)
-            logger.info("Imported %s at nice %d in %.2f s", ", ".join(spec["preload"]), nice, took)
+            took = preload(spec.preload, spec.start_nice)
+            logger.info(
+                "Imported %s at nice %d in %.2f s", ", ".join(spec.preload), spec.start_nice, took
+            )
         service, context = load(spec)
         _cap_threads(spec)
     except BaseException as exc:
         logger.error("Failed to load the model", exc_info=True)
-        conn.send(Frame(MsgType.LOAD_FAILED, 0, load_failure(spec, exc)))
+        conn.send(encode_load(load_failure(spec, exc)))
         return 1
     # Warm-up runs through the real handler before we report loaded: no request ever meets a
     # cold worker, whether it was started by a register, a scale-up, a restart or a swap.
@@ -372,17 +365,11 @@ def main(argv: list[str]) -> int:
         warmup = run_warmup(service, context, spec, run_batch)
     except WarmupFailed as exc:
         logger.error("Warm-up failed: %s", exc)
-        conn.send(Frame(MsgType.LOAD_FAILED, 0, {"type": "WarmupFailed", "message": str(exc)}))
+        conn.send(encode_load(LoadFailed("WarmupFailed", str(exc))))
         return 1
     # What it imported tells the server's spares what to preload (serve/worker/spares.py).
-    loaded = {
-        "pid": os.getpid(),
-        "modules": loaded_frameworks(),
-        "warmup": warmup,
-        "gpu_memory": _gpu_memory(spec),
-    }
-    conn.send(Frame(MsgType.LOADED, 0, loaded))
-    decode = spec.get("decode_input_request", True)
+    conn.send(encode_load(Loaded(os.getpid(), loaded_frameworks(), warmup, _gpu_memory(spec))))
+    decode = spec.decode_input_request
     while True:
         frame = conn.receive()
         if frame is None or frame.type == MsgType.SHUTDOWN:
@@ -392,7 +379,8 @@ def main(argv: list[str]) -> int:
             continue
         if frame.type == MsgType.PREDICT:
             context.intermediate_sink = _chunk_sender(conn, frame.seq)
-            conn.send(client_errors(run_batch(service, context, frame, decode)))
+            result = run_items(service, context, decode_predict(frame), decode)
+            conn.send(encode_result(frame.seq, client_errors(result)))
         sys.stdout.flush()
 
 

@@ -4,40 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import ServeError, WorkerDied
-from serve.wire.frames import (
-    Frame,
-    FrameDecoder,
-    MsgType,
-    ProtocolError,
-    encode,
-    move_to_shared,
-    predict_frame,
+from serve.wire.frames import Frame, FrameDecoder, MsgType, ProtocolError, encode, move_to_shared
+from serve.wire.log_records import decode_worker_line
+from serve.wire.messages import (
+    BatchResult,
+    ErrorItem,
+    Loaded,
+    LoadFailed,
+    PartialItem,
+    WorkerSpec,
+    decode_load,
+    decode_partial,
+    decode_result,
+    encode_predict,
 )
 from serve.wire.shm import Arena, send_arena
 from serve.worker.spares import SparePool
 from serve.worker.spawn import Child, spawn
 
-__all__ = [  # the job types live in serve.core.jobs; these names stay importable from here
-    "BatchItem",
-    "BatchOutcome",
-    "ItemResult",
-    "WorkerProcess",
-    "WorkerStartFailed",
-    "WorkerState",
-]
+__all__ = ["SOCKET_PATH_MAX", "WorkerProcess", "WorkerStartFailed"]
 
 logger = logging.getLogger(__name__)
 model_logger = logging.getLogger("serve.worker")
@@ -56,7 +53,7 @@ class WorkerProcess:
     def __init__(
         self,
         worker_id: str,
-        spec: dict[str, Any],
+        spec: WorkerSpec,
         socket_dir: Path,
         *,
         env: dict[str, str] | None = None,
@@ -76,8 +73,8 @@ class WorkerProcess:
         self._state = WorkerState.STARTING
         self.pid: int | None = None
         self.started_at = time.time()
-        self.gpu_id: int | None = spec.get("gpu_id")
-        self.threads: int | None = spec.get("num_threads")  # its share of the thread budget
+        self.gpu_id: int | None = spec.gpu_id
+        self.threads: int | None = spec.num_threads  # its share of the thread budget
         self.warm = False  # started from a warm spare
         self.proc: Child | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -132,11 +129,8 @@ class WorkerProcess:
         server = await asyncio.start_unix_server(on_connect, path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         self.arena = Arena.create(self.arena_bytes, f"lantern-arena-{self.worker_id}")
-        spec = dict(
-            self.spec,
-            socket=str(self.socket_path),
-            worker_id=self.worker_id,
-            shm_bytes=self.arena.size if self.arena is not None else 0,
+        spec = self.spec.started(
+            str(self.socket_path), self.worker_id, self.arena.size if self.arena is not None else 0
         )
         if self.spares is not None:
             self.spares.worker_starting()
@@ -159,13 +153,13 @@ class WorkerProcess:
             loaded = await self._await_or_exit(
                 self._read_until_loaded(reader, decoder), max(0.1, deadline - time.monotonic())
             )
-            if loaded.type == MsgType.LOAD_FAILED:
-                raise WorkerStartFailed(f"{loaded.meta.get('type')}: {loaded.meta.get('message')}")
-            self.modules = list(loaded.meta.get("modules") or [])
+            if isinstance(loaded, LoadFailed):
+                raise WorkerStartFailed(str(loaded))
+            self.modules = loaded.modules
             if self.spares is not None:
                 self.spares.learn(self.modules)
-            self.warmup = loaded.meta.get("warmup") or {}  # requests, batches, seconds
-            self.gpu_memory = loaded.meta.get("gpu_memory")
+            self.warmup = loaded.warmup  # requests, batches, seconds
+            self.gpu_memory = loaded.gpu_memory
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.change_state(WorkerState.READY)
         except BaseException:
@@ -179,21 +173,21 @@ class WorkerProcess:
             if self.spares is not None:
                 self.spares.worker_started()
 
-    async def _spawn(self, spec: dict[str, Any]) -> Child:
+    async def _spawn(self, spec: WorkerSpec) -> Child:
         """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh
         interpreter given it on its command line."""
         spare = self.spares.take() if self.spares is not None and self.use_spare else None
         if spare is not None:
             assert spare.stdin is not None
             try:
-                spare.stdin.write(json.dumps(spec).encode() + b"\n")
+                spare.stdin.write(spec.encode().encode() + b"\n")
                 await spare.stdin.drain()
                 spare.stdin.close()
                 self.warm = True
                 return spare
             except (ConnectionError, RuntimeError):  # it died meanwhile: start afresh
                 spare.kill()
-        return await spawn([sys.executable, "-m", "serve.worker", json.dumps(spec)], env=self.env)
+        return await spawn([sys.executable, "-m", "serve.worker", spec.encode()], env=self.env)
 
     async def _await_or_exit(self, awaitable: Any, timeout: float) -> Any:
         task = asyncio.ensure_future(awaitable)
@@ -215,14 +209,14 @@ class WorkerProcess:
 
     async def _read_until_loaded(
         self, reader: asyncio.StreamReader, decoder: FrameDecoder
-    ) -> Frame:
+    ) -> Loaded | LoadFailed:
         while True:
             data = await reader.read(1 << 16)
             if not data:
                 raise WorkerStartFailed(f"worker {self.worker_id} closed its socket while loading")
             for frame in decoder.feed(data):
                 if frame.type in (MsgType.LOADED, MsgType.LOAD_FAILED):
-                    return frame
+                    return decode_load(frame)
 
     async def _read_results(self, reader: asyncio.StreamReader, decoder: FrameDecoder) -> None:
         try:
@@ -250,12 +244,10 @@ class WorkerProcess:
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:
             return
-        from serve.logs import decode_worker_line
-
         is_stdout = self.proc is not None and stream is self.proc.stdout
         extra = {
-            "model": self.spec.get("model_name", "-"),
-            "version": self.spec.get("model_version", "-"),
+            "model": self.spec.model_name,
+            "version": self.spec.model_version,
             "worker_id": self.worker_id,
             "stream": "stdout" if is_stdout else "stderr",
         }
@@ -310,7 +302,7 @@ class WorkerProcess:
         self._pending[seq] = future
         if on_partial is not None:
             self._partials[seq] = on_partial
-        frame = predict_frame(seq, items)
+        frame = encode_predict(seq, items)
         arena = self.arena
         if arena is not None:  # bodies that fit go by shared memory, freed with the RESULT
             frame = move_to_shared(frame, self.arena_threshold, lambda p: arena.place(seq, p))
@@ -375,23 +367,27 @@ class WorkerProcess:
 
 
 def _outcome(frame: Frame) -> BatchOutcome:
-    from serve.wire.errors import error_for_status
+    return batch_outcome(decode_result(frame))
 
-    results: list[ItemResult | ServeError] = []
-    for item, body in zip(frame.meta["items"], frame.payloads, strict=True):
-        error = item.get("error")
-        if error:
-            err = error_for_status(error["code"], error["message"], error["type"])
-            results.append(err)
-        else:
-            results.append(
-                ItemResult(item["status"], body, item.get("ct"), item.get("headers") or {})
-            )
-    return BatchOutcome(results, frame.meta.get("timings", {}), frame.meta.get("metrics", []))
+
+def batch_outcome(result: BatchResult) -> BatchOutcome:
+    """A worker's answer to a batch as the dispatcher takes it: errors become `ServeError`s."""
+    return BatchOutcome(
+        [
+            item.exception()
+            if isinstance(item, ErrorItem)
+            else ItemResult(item.status, item.body, item.content_type, item.headers)
+            for item in result.items
+        ],
+        result.timings,
+        result.metrics,
+    )
 
 
 def _partial_results(frame: Frame) -> list[ItemResult]:
-    return [
-        ItemResult(200, body, item.get("ct"))
-        for item, body in zip(frame.meta["items"], frame.payloads, strict=True)
-    ]
+    return partial_results(decode_partial(frame))
+
+
+def partial_results(items: Sequence[PartialItem]) -> list[ItemResult]:
+    """Streamed chunks as the results the dispatcher pushes to each request's stream."""
+    return [ItemResult(200, item.body, item.content_type) for item in items]

@@ -20,7 +20,7 @@
 
   Request headers reach the handler as usual; ``x-lantern-parameters`` holds the OIP request's
   ``parameters`` as JSON.
-* Regular requests that share the batch run through ``fallback`` (the worker's ``run_batch``).
+* Regular requests that share the batch run through ``fallback`` (the worker's ``run_items``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from handlers import tensor_models
-from handlers.exceptions import report_failure
+from handlers.exceptions import TensorError, report_failure
 from handlers.tensor_models import Job, ModelAdapter, Outputs
 from serve.wire import (
     KINDS,
@@ -48,14 +48,18 @@ from serve.wire import (
     kserve_v1,
 )
 from serve.wire.errors import BadRequest, ServeError
-from serve.wire.frames import Frame, MsgType
 from serve.wire.kserve_v1 import V1Request
+from serve.wire.messages import BatchResult, ErrorItem, PredictItem, ResultItem
 from serve.wire.tensor_params import Tensor, encode_bundle, is_tensor_param, tensor_from_param
 from serve.wire.tensors import array_from_json, bf16_to_float32, datatype_of
 
 logger = logging.getLogger("serve.worker")
 
-Answer = tuple[dict[str, Any], bytes]
+Answer = ResultItem | ErrorItem
+RunItems = Callable[[Any, Any, list[PredictItem], bool], BatchResult]
+# Errors whose status and type are the client's answer as they are: the server's, and those the
+# tensor models raise (`handlers.exceptions.TensorError`, the same shape).
+_ANSWERED = (ServeError, TensorError)
 
 _UNSET = object()  # a service whose tensor adapter was not looked for yet
 
@@ -65,17 +69,17 @@ class Pending:
     """One protocol request of the batch, decoded."""
 
     index: int
-    req: dict[str, Any]
+    req: PredictItem
     kind: str
     tensors: dict[str, Tensor] | None = None
     v1: V1Request | None = None
 
     @property
     def explain(self) -> bool:
-        return str(self.req["headers"].get("explain", "")).lower() == "true"
+        return str(self.req.headers.get("explain", "")).lower() == "true"
 
     def requested_outputs(self) -> list[str] | None:
-        raw = self.req["headers"].get(OUTPUTS_HEADER)
+        raw = self.req.headers.get(OUTPUTS_HEADER)
         if not raw:
             return None
         try:
@@ -104,32 +108,24 @@ def adapter(service: Any) -> ModelAdapter | None:
 def run(
     service: Any,
     context: Any,
-    frame: Frame,
+    requests: list[PredictItem],
     decode: bool,
-    fallback: Callable[[Any, Any, Frame, bool], Frame],
+    fallback: RunItems,
     kinds: list[str | None],
-) -> Frame:
-    """Serve a batch with protocol requests; the RESULT frame has one item per request."""
+) -> BatchResult:
+    """Serve a batch with protocol requests: one item per request."""
     started = time.perf_counter()
-    requests = frame.meta["requests"]
-    payloads = _split_payloads(requests, frame.payloads)
     answers: list[Answer | None] = [None] * len(requests)
     timings: dict[str, float] = {}
     metrics: list[dict[str, Any]] = []
 
     regular = [i for i, kind in enumerate(kinds) if kind not in KINDS]
     if regular:
-        sub = Frame(
-            frame.type,
-            frame.seq,
-            {"requests": [requests[i] for i in regular]},
-            tuple(p for i in regular for p in payloads[i]),
-        )
-        result = fallback(service, context, sub, decode)
-        for i, item, body in zip(regular, result.meta["items"], result.payloads, strict=True):
-            answers[i] = (item, body)
-        _add(timings, result.meta.get("timings") or {})
-        metrics.extend(result.meta.get("metrics") or [])
+        result = fallback(service, context, [requests[i] for i in regular], decode)
+        for i, item in zip(regular, result.items, strict=True):
+            answers[i] = item
+        _add(timings, result.timings)
+        metrics.extend(result.metrics)
 
     model = adapter(service)
     fast: list[Pending] = []
@@ -143,13 +139,13 @@ def run(
             answers[i] = _json_answer(_metadata(model, context))
             continue
         try:
-            pending = _decode(i, req, kind, payloads[i])
+            pending = _decode(i, req, kind)
         except ServeError as exc:
-            answers[i] = _error(req, exc.status_code, exc.error_type, exc.message)
+            answers[i] = ErrorItem.of(exc, req.request_id)
             continue
         if pending.explain and model is not None and not _explains(service):
             message = f"{type(service.handler).__name__} does not support explanations"
-            answers[i] = _error(req, 501, "PredictionException", message)
+            answers[i] = ErrorItem(501, "PredictionException", message, req.request_id)
             continue
         (fast if model is not None and not pending.explain else custom).append(pending)
     _add(timings, {"preprocess": time.perf_counter() - mark})
@@ -165,12 +161,9 @@ def run(
 
     timings["handler"] = time.perf_counter() - started
     metrics.extend(context.metrics.drain())
-    items = [a[0] for a in answers if a is not None]
-    bodies = tuple(a[1] for a in answers if a is not None)
+    items = [a for a in answers if a is not None]
     assert len(items) == len(requests)
-    return Frame(
-        MsgType.RESULT, frame.seq, {"items": items, "timings": timings, "metrics": metrics}, bodies
-    )
+    return BatchResult(items, timings, metrics)
 
 
 def _explains(service: Any) -> bool:
@@ -180,47 +173,30 @@ def _explains(service: Any) -> bool:
     return type(service.handler).get_insights is not BaseHandler.get_insights
 
 
-def _split_payloads(
-    requests: list[dict[str, Any]], payloads: tuple[bytes, ...]
-) -> list[list[bytes]]:
-    out = []
-    offset = 0
-    for req in requests:
-        count = len(req["params"])
-        out.append(list(payloads[offset : offset + count]))
-        offset += count
-    return out
-
-
 def _add(total: dict[str, float], more: dict[str, float]) -> None:
     for key, value in more.items():
         total[key] = total.get(key, 0.0) + value
 
 
 def _ok(body: bytes, content_type: str) -> Answer:
-    return {"status": 200, "ct": content_type, "headers": {}}, body
+    return ResultItem(200, content_type, {}, body)
 
 
 def _json_answer(data: Any) -> Answer:
     return _ok(json.dumps(data).encode(), "application/json")
 
 
-def _error(req: dict[str, Any], code: int, kind: str, message: str) -> Answer:
-    error = {"code": code, "type": kind, "message": message, "request_id": req["id"]}
-    return {"error": error}, b""
-
-
-def _failure(req: dict[str, Any], exc: Exception) -> Answer:
-    code, kind, message = tensor_models.error_status(exc)
+def _failure(req: PredictItem, exc: Exception) -> Answer:
+    code, kind, message = error_status(exc)
     if code >= 500:
         logger.error(
             "Request %s failed with %s",
-            req["id"],
+            req.request_id,
             kind,
             exc_info=exc,
-            extra={"request_ids": [req["id"]]},
+            extra={"request_ids": [req.request_id]},
         )
-    return _error(req, code, kind, message)
+    return ErrorItem(code, kind, message, req.request_id)
 
 
 def _metadata(model: ModelAdapter | None, context: Any) -> dict[str, Any]:
@@ -237,22 +213,20 @@ def _metadata(model: ModelAdapter | None, context: Any) -> dict[str, Any]:
     }
 
 
-def _decode(index: int, req: dict[str, Any], kind: str, payloads: list[bytes]) -> Pending:
+def _decode(index: int, req: PredictItem, kind: str) -> Pending:
     pending = Pending(index, req, kind)
     if kind == OIP:
         tensors: dict[str, Tensor] = {}
-        for (name, content_type), raw in zip(req["params"], payloads, strict=True):
-            if not is_tensor_param(content_type):
+        for name, content_type, raw in req.params:
+            if content_type is None or not is_tensor_param(content_type):
                 raise BadRequest(f"parameter '{name}' is not a tensor")
             tensors[name] = tensor_from_param(name, content_type, raw)
         pending.tensors = tensors
     elif kind == KSERVE_V1:
-        bodies = [
-            raw for (name, _), raw in zip(req["params"], payloads, strict=True) if name == "body"
-        ]
+        bodies = [raw for name, _, raw in req.params if name == "body"]
         if len(bodies) != 1:
             raise BadRequest("a KServe v1 request needs one JSON body")
-        limit = (req.get("headers") or {}).get(MAX_ELEMENTS_HEADER)
+        limit = req.headers.get(MAX_ELEMENTS_HEADER)
         pending.v1 = kserve_v1.parse_predict(bodies[0], int(limit) if limit else None)
     return pending
 
@@ -284,8 +258,10 @@ def _run_fast(
                     model, p.v1.rows, columnar=p.v1.columnar, model=model_name
                 )
                 tensor_models.check_feeds(model, feeds, model_name, strict=False)
-        except ServeError as exc:
-            answers[p.index] = _error(p.req, exc.status_code, exc.error_type, exc.message)
+        except _ANSWERED as exc:
+            answers[p.index] = ErrorItem(
+                exc.status_code, exc.error_type, exc.message, p.req.request_id
+            )
             continue
         jobs.append(Job(p.index, feeds))
         ready.append(p)
@@ -300,7 +276,7 @@ def _run_fast(
         try:
             answers[p.index] = _encode_fast(p, outcome, model_name)
         except ServeError as exc:
-            answers[p.index] = _error(p.req, exc.status_code, exc.error_type, exc.message)
+            answers[p.index] = ErrorItem.of(exc, p.req.request_id)
     done = time.perf_counter()
     return {"preprocess": checked - mark, "inference": ran - checked, "postprocess": done - ran}
 
@@ -375,17 +351,17 @@ def _run_custom(
             new = p.v1.rows
         owners.append((p, range(len(rows), len(rows) + len(new))))
         rows.extend(new)
-    context.request_ids = {r: p.req["id"] for p, span in owners for r in span}
+    context.request_ids = {r: p.req.request_id for p, span in owners for r in span}
     context.request_processor = [
-        RequestProcessor(p.req["headers"]) for p, span in owners for _ in span
+        RequestProcessor(p.req.headers) for p, span in owners for _ in span
     ]
     context.handler_timings = {}
     try:
         results = service.predict(rows, context)
     except Exception as exc:
-        code, kind, message = report_failure(exc, [p.req["id"] for p, _ in owners], logger)
+        code, kind, message = report_failure(exc, [p.req.request_id for p, _ in owners], logger)
         for p, _ in owners:
-            answers[p.index] = _error(p.req, code, kind, message)
+            answers[p.index] = ErrorItem(code, kind, message, p.req.request_id)
         return dict(getattr(context, "handler_timings", None) or {})
     config = getattr(context, "model_yaml_config", None) or {}
     declared = tensor_models.declared_specs(config, "outputs") or []
@@ -402,7 +378,8 @@ def _run_custom(
         )
         try:
             if status is not None:
-                answers[p.index] = _error(p.req, status, "HandlerError", _message(values[0]))
+                message = _message(values[0])
+                answers[p.index] = ErrorItem(status, "HandlerError", message, p.req.request_id)
             elif p.kind == OIP:
                 answers[p.index] = _bundle(
                     p, result_tensors(values[0], default_name), context.model_name
@@ -467,3 +444,15 @@ def as_array(value: Any, name: str) -> tuple[np.ndarray, str]:
             )
         flat[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
     return array, datatype_of(array)
+
+
+def error_status(exc: Exception) -> tuple[int, str, str]:
+    """(HTTP status, error type, message) for an exception raised while running a model."""
+    if isinstance(exc, _ANSWERED):
+        return exc.status_code, exc.error_type, exc.message
+    kind = type(exc).__name__
+    if kind == "InvalidArgument":  # onnxruntime's complaint about the inputs it was given
+        return 400, "BadRequestException", str(exc)
+    if isinstance(exc, MemoryError) or kind == "OutOfMemoryError":
+        return 507, "OutOfResources", f"{kind}: {exc}"
+    return 500, kind, f"{kind}: {exc}"

@@ -240,10 +240,9 @@ def preload(modules: list[str], nice: int = 0) -> float:
     return time.monotonic() - started
 
 
-def wait_as_spare(modules: list[str], nice: int = 0) -> dict[str, Any] | None:
-    """In the spare process: preload, say so, and wait for a spec (None: stop, no worker)."""
-    import json
-
+def wait_as_spare(modules: list[str], nice: int = 0) -> str | None:
+    """In the spare process: preload, say so, and wait for a spec: the line it comes on, to be
+    decoded as a `serve.wire.messages.WorkerSpec` (None: stop, no worker)."""
     preload(modules, nice)
     # The worker's own modules too: everything but the model is then in memory.
     import handlers.context
@@ -254,4 +253,4 @@ def wait_as_spare(modules: list[str], nice: int = 0) -> dict[str, Any] | None:
     line = sys.stdin.readline()
     if not line.strip():
         return None
-    return json.loads(line)
+    return line

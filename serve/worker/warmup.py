@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve.wire.frames import Frame, MsgType
+from serve.wire.frames import Frame
+from serve.wire.messages import ErrorItem, PredictItem, WorkerSpec, decode_result, encode_predict
 
 logger = logging.getLogger("serve.worker")
 
@@ -97,50 +98,50 @@ def warmup_frames(samples: Sequence[Sample], sizes: Sequence[int]) -> list[Frame
     n = 0
     for size in sizes:
         for lead in range(len(samples)):
-            requests, payloads = [], []
+            requests = []
             for k in range(size):
                 sample = samples[(lead + k) % len(samples)]
                 n += 1
                 ct = sample.content_type
                 headers = {"content-type": ct} if ct else {}
-                requests.append({"id": f"warmup-{n}", "headers": headers, "params": [["body", ct]]})
-                payloads.append(sample.body)
-            frames.append(Frame(MsgType.PREDICT, 0, {"requests": requests}, tuple(payloads)))
+                requests.append(PredictItem(f"warmup-{n}", headers, [("body", ct, sample.body)]))
+            frames.append(encode_predict(0, requests))
     return frames
 
 
 def run_warmup(
     service: Any,
     context: Any,
-    spec: dict[str, Any],
+    spec: WorkerSpec,
     run_batch: Callable[[Any, Any, Frame, bool], Frame],
 ) -> dict[str, Any]:
     """Send the archive's samples through the handler; returns what was run and how long it took.
 
     Raises `WarmupFailed` on the first error answer.
     """
-    model_config = spec.get("model_yaml_config") or {}
-    samples = load_samples(spec["model_dir"], model_config)
+    model_config = spec.model_yaml_config
+    samples = load_samples(spec.model_dir, model_config)
     if not samples:
         return {"requests": 0, "batches": 0, "seconds": 0.0}
-    sizes = batch_sizes(int(spec.get("batch_size") or 1), model_config.get("warmupBatchSizes"))
-    decode = spec.get("decode_input_request", True)
+    sizes = batch_sizes(spec.batch_size or 1, model_config.get("warmupBatchSizes"))
+    decode = spec.decode_input_request
     started = time.perf_counter()
     frames = warmup_frames(samples, sizes)
     requests = 0
     for frame in frames:
-        result = run_batch(service, context, frame, decode)
+        result = decode_result(run_batch(service, context, frame, decode))
         requests += len(frame.meta["requests"])
-        for item, body in zip(result.meta["items"], result.payloads, strict=True):
-            error = item.get("error")
-            status = item.get("status", 200)
-            if error or status >= 400:
-                detail = error["message"] if error else body[:200].decode(errors="replace")
-                code = error["code"] if error else status
-                raise WarmupFailed(
-                    f"warm-up request failed at batch size {len(frame.meta['requests'])} "
-                    f"({code}): {detail}"
-                )
+        for item in result.items:
+            if isinstance(item, ErrorItem):
+                code, detail = item.code, item.message
+            elif item.status >= 400:
+                code, detail = item.status, bytes(item.body[:200]).decode(errors="replace")
+            else:
+                continue
+            raise WarmupFailed(
+                f"warm-up request failed at batch size {len(frame.meta['requests'])} "
+                f"({code}): {detail}"
+            )
     seconds = time.perf_counter() - started
     logger.info(
         "Warm-up: %d requests in %d batches (sizes %s) took %.3f s",

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from serve.core.jobs import BatchItem, ItemResult
 from serve.wire.errors import GatewayTimeout, NotFound, ServeError
-from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import Dag, Param, node_params
 from serve.workflows.spec import NodeSettings
 

@@ -26,6 +26,7 @@ from archiver import ArchiveError, ManifestError
 from archiver.manifest import validate_model_name
 from archiver.workflow import WorkflowArchive, open_workflow
 from serve.core.describe import describe_model
+from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelSource
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
@@ -36,7 +37,6 @@ from serve.wire.errors import (
     ServeError,
 )
 from serve.wire.redact import client_message
-from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import Dag, Param, build_dag, compose_answer
 from serve.workflows.executor import NodeReport, run_dag, too_large
 from serve.workflows.metrics import WorkflowMetrics

@@ -18,6 +18,7 @@ import torch
 from archiver import open_archive
 from serve.wire import KSERVE_V1, METADATA, OIP, OUTPUTS_HEADER, PROTOCOL_HEADER
 from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import WorkerSpec
 from serve.wire.tensor_params import decode_bundle, tensor_content_type
 from serve.wire.tensors import raw_from_array
 from serve.worker.main import load, run_batch
@@ -55,17 +56,15 @@ def load_model(tmp: Path, name: str, handler: str | Path, **kwargs: Any) -> tupl
     store.mkdir()
     mar = build_archive(store, name, handler, **kwargs)
     archive = open_archive(mar, tmp / f"model-{name}")
-    spec = {
-        "model_name": name,
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": 8,
-        "gpu_id": None,
-        "num_threads": 1,
-        "model_yaml_config": archive.model_config,
-    }
+    spec = WorkerSpec(
+        name,
+        "1.0",
+        str(archive.model_dir),
+        archive.manifest,
+        batch_size=8,
+        num_threads=1,
+        model_yaml_config=archive.model_config,
+    )
     return load(spec)
 
 

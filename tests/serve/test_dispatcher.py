@@ -19,6 +19,7 @@ from serve.config import ModelSettings
 from serve.core.dispatcher import Dispatcher
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
+from serve.wire.messages import WorkerSpec
 from serve.worker.process import WorkerProcess
 from tests.serve.fake_workers import FakePool
 from tests.support.waiting import until
@@ -423,7 +424,8 @@ def test_worker_state_moves_follow_one_table(
 
 
 def test_the_worker_process_is_the_only_writer_of_its_state(tmp_path: Path) -> None:
-    proc = WorkerProcess("w0", {}, tmp_path)
+    spec = WorkerSpec(model_name="m", model_version="1", model_dir=str(tmp_path), manifest={})
+    proc = WorkerProcess("w0", spec, tmp_path)
     assert proc.state is WorkerState.STARTING
     with pytest.raises(AttributeError):
         proc.state = WorkerState.READY  # type: ignore[misc]

@@ -18,24 +18,10 @@ from starlette.routing import Route
 
 from serve.http.access_log import AccessLog
 from serve.http.common import request_id
-from serve.logs import (
-    WORKER_RECORD_MARK,
-    JsonFormatter,
-    LogFile,
-    TextFormatter,
-    decode_worker_line,
-    encode_worker_record,
-)
+from serve.logs import JsonFormatter, LogFile, TextFormatter
 from serve.metrics.prometheus import ServerMetrics
 from serve.metrics.system import SystemMetrics
-
-
-def make_record(
-    msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any
-) -> logging.LogRecord:
-    record = logging.LogRecord("serve.worker", logging.WARNING, __file__, 1, msg, args, None)
-    record.__dict__.update(extra)
-    return record
+from tests.support.log_records import make_record
 
 
 def test_text_formatter_prefixes_worker_records() -> None:
@@ -86,35 +72,6 @@ def test_json_formatter_keeps_extra_fields_and_exceptions() -> None:
     assert data["model"] == "m"
     assert "KeyError: 'k'" in data["exception"]
     assert data["time"].endswith("Z")
-
-
-def test_worker_records_cross_as_one_line() -> None:
-    try:
-        raise ValueError("bad\ninput")
-    except ValueError:
-        exc_info = sys.exc_info()
-    record = make_record("Handler raised %s", ("ValueError",), request_ids=["r1", "r2"])
-    record.exc_info = exc_info
-    line = encode_worker_record(record, logging.Formatter())
-    assert line.startswith(WORKER_RECORD_MARK) and line.endswith("\n")
-    assert line.count("\n") == 1
-    level, message, extra = decode_worker_line(line.rstrip("\n")) or (0, "", {})
-    assert level == logging.WARNING
-    assert message.startswith("Handler raised ValueError\nTraceback (most recent call last):")
-    assert message.endswith("ValueError: bad\ninput")
-    assert extra == {"worker_logger": "serve.worker", "request_ids": ["r1", "r2"]}
-
-
-def test_worker_line_decoding_falls_back_to_plain_text() -> None:
-    assert decode_worker_line("printed by a handler") is None
-    assert decode_worker_line(WORKER_RECORD_MARK + "{not json") is None
-    assert decode_worker_line(WORKER_RECORD_MARK + '{"message": "no level"}') is None
-
-
-def test_long_worker_records_are_cut() -> None:
-    line = encode_worker_record(make_record("%s", ("x" * 100_000,)), logging.Formatter())
-    assert len(line) < 40_000
-    assert decode_worker_line(line.rstrip("\n"))[1].endswith("[truncated]")  # type: ignore[index]
 
 
 # ----- the access log -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import WorkerSpec
 from serve.worker.warmup import (
     Sample,
     WarmupFailed,
@@ -100,7 +101,7 @@ def test_run_warmup_counts_and_times(tmp_path: Path) -> None:
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "s.json").write_text("{}")
     run_batch = _answer([{"status": 200, "ct": None, "headers": {}}])
-    spec = {"model_dir": str(tmp_path), "batch_size": 3, "model_yaml_config": {}}
+    spec = WorkerSpec("m", "1.0", str(tmp_path), {}, batch_size=3)
     done = run_warmup(object(), object(), spec, run_batch)
     assert run_batch.calls == [1, 2, 3]
     assert done["requests"] == 6 and done["batches"] == 3 and done["seconds"] >= 0
@@ -108,7 +109,8 @@ def test_run_warmup_counts_and_times(tmp_path: Path) -> None:
 
 def test_run_warmup_without_samples_runs_nothing(tmp_path: Path) -> None:
     run_batch = _answer([])
-    done = run_warmup(object(), object(), {"model_dir": str(tmp_path), "batch_size": 4}, run_batch)
+    spec = WorkerSpec("m", "1.0", str(tmp_path), {}, batch_size=4)
+    done = run_warmup(object(), object(), spec, run_batch)
     assert done == {"requests": 0, "batches": 0, "seconds": 0.0}
     assert run_batch.calls == []
 
@@ -121,10 +123,8 @@ def test_run_warmup_without_samples_runs_nothing(tmp_path: Path) -> None:
     ],
 )
 def test_run_warmup_fails_on_an_error_answer(tmp_path: Path, item: dict[str, Any]) -> None:
-    spec = {
-        "model_dir": str(tmp_path),
-        "batch_size": 2,
-        "model_yaml_config": {"warmup": [{"body": "x"}]},
-    }
+    spec = WorkerSpec(
+        "m", "1.0", str(tmp_path), {}, batch_size=2, model_yaml_config={"warmup": [{"body": "x"}]}
+    )
     with pytest.raises(WarmupFailed, match="batch size 1"):
         run_warmup(object(), object(), spec, _answer([item]))

@@ -10,6 +10,7 @@ import pytest
 
 from archiver import open_archive
 from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import BatchResult, ErrorItem, ResultItem, WorkerSpec
 from serve.worker.main import client_errors, load, load_failure, run_batch
 from tests.support.server import echo_archive
 
@@ -22,14 +23,7 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     store = tmp / "store"
     store.mkdir()
     archive = open_archive(echo_archive(store), tmp / "model")
-    spec = {
-        "model_name": "echo",
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": 4,
-    }
+    spec = WorkerSpec("echo", "1.0", str(archive.model_dir), archive.manifest, batch_size=4)
     return load(spec)
 
 
@@ -61,22 +55,28 @@ def test_too_deep_json_fails_its_request_alone(echo: tuple[Any, Any]) -> None:
 
 def test_error_items_are_cut_to_one_line_without_paths() -> None:
     message = 'Traceback (most recent call last):\n  File "/a/b.py", line 1\nOSError: /srv/x/y.bin'
-    frame = Frame(
-        MsgType.RESULT,
-        1,
-        {"items": [{"error": {"code": 500, "type": "OSError", "message": message}}, {"ct": "x"}]},
-        (b"", b"ok"),
-    )
-    items = client_errors(frame).meta["items"]
-    assert items[0]["error"]["message"] == "OSError: y.bin"
-    assert items[1] == {"ct": "x"}
+    result = BatchResult([ErrorItem(500, "OSError", message), ResultItem(200, "x", {}, b"ok")])
+    items = client_errors(result).items
+    assert items[0] == ErrorItem(500, "OSError", "OSError: y.bin")
+    assert items[1] == ResultItem(200, "x", {}, b"ok")
 
 
 def test_load_failure_names_the_handler_not_the_paths(tmp_path: Path) -> None:
-    spec = {"manifest": {"model": {"handler": "custom_handler.py"}}}
+    spec = WorkerSpec("m", "1.0", str(tmp_path), {"model": {"handler": "custom_handler.py"}})
     exc = ImportError("cannot load /srv/build/secret/libnative.so:\nundefined symbol")
-    meta = load_failure(spec, exc)
-    assert meta["type"] == "ImportError"
-    assert "custom_handler.py" in meta["message"]
-    assert "libnative.so" in meta["message"] and "/srv/build" not in meta["message"]
-    assert "\n" not in meta["message"]
+    failure = load_failure(spec, exc)
+    assert failure.type == "ImportError"
+    assert "custom_handler.py" in failure.message
+    assert "libnative.so" in failure.message and "/srv/build" not in failure.message
+    assert "\n" not in failure.message
+
+
+def test_the_handler_context_has_the_servers_version(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = open_archive(echo_archive(store), tmp_path / "model")
+    spec = WorkerSpec(
+        "echo", "1.0", str(archive.model_dir), archive.manifest, server_version="9.8.7"
+    )
+    _, context = load(spec)
+    assert context.system_properties["server_version"] == "9.8.7"

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from serve.core.jobs import BatchItem, ItemResult
 from serve.wire.errors import ModelNotFound, WorkerError
-from serve.worker.process import BatchItem, ItemResult
 from serve.workflows.dag import InvalidDAG, build_dag, compose_answer, node_params
 from serve.workflows.executor import NodeFailed, NodeReport, run_dag
 from serve.workflows.spec import InvalidWorkflowSpec, NodeSettings, parse_spec

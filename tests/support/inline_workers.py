@@ -2,8 +2,8 @@
 
 `InlineWorkers` is a `serve.core.model.WorkerFactory` whose workers do what ``python -m
 serve.worker`` does, minus the process: load the handler with ``serve.worker.main.load``, warm it
-up, and run each batch through ``serve.worker.main.run_batch`` as the same PREDICT and RESULT frames
-a worker process gets over its socket (the Ray replicas in ``serve/rayserve/app.py`` do the same).
+up, and run each batch through ``serve.worker.main.run_items`` as the same typed messages a worker
+process gets over its socket (the Ray replicas in ``serve/rayserve/app.py`` do the same).
 The handler runs on a thread, so the event loop stays free while it works.
 
 For torch-free test handlers. A handler that ends its process (``os._exit``) would end the test
@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import WorkerDied
-from serve.wire.frames import Frame, predict_frame
-from serve.worker.main import _chunk_sender, client_errors, load, load_failure, run_batch
-from serve.worker.process import WorkerStartFailed, _outcome, _partial_results
+from serve.wire.frames import Frame
+from serve.wire.messages import WorkerSpec, decode_partial
+from serve.worker.main import _chunk_sender, client_errors, load, load_failure, run_batch, run_items
+from serve.worker.process import WorkerStartFailed, batch_outcome, partial_results
 from serve.worker.warmup import WarmupFailed, run_warmup
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 class InlineWorker:
     """One worker of a model version, its handler loaded in this process."""
 
-    def __init__(self, spec: dict[str, Any], worker_id: str) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: str) -> None:
         self.worker_id = worker_id
         self.spec = spec
         self.state = WorkerState.STARTING
@@ -71,8 +72,7 @@ class InlineWorker:
             self._service, self._context = load(self.spec)
         except Exception as exc:
             logger.error("Failed to load the model", exc_info=True)  # as the worker logs it
-            failure = load_failure(self.spec, exc)
-            raise WorkerStartFailed(f"{failure['type']}: {failure['message']}") from exc
+            raise WorkerStartFailed(str(load_failure(self.spec, exc))) from exc
         try:
             self.warmup = run_warmup(self._service, self._context, self.spec, run_batch)
         except WarmupFailed as exc:
@@ -86,16 +86,15 @@ class InlineWorker:
         if self._exited.is_set():
             raise WorkerDied(f"Worker {self.worker_id} is not running.")
         self._seq += 1
-        frame = predict_frame(self._seq, items)
         loop = asyncio.get_running_loop()
 
         partials = cast("Connection", _Partials(loop, on_partial))  # the sender only calls send
         self._context.intermediate_sink = _chunk_sender(partials, self._seq)
-        decode = self.spec.get("decode_input_request", True)
-        result = await asyncio.to_thread(run_batch, self._service, self._context, frame, decode)
+        decode = self.spec.decode_input_request
+        result = await asyncio.to_thread(run_items, self._service, self._context, items, decode)
         if self._exited.is_set():
             raise WorkerDied(f"Worker {self.worker_id} died.")
-        return _outcome(client_errors(result))
+        return batch_outcome(client_errors(result))
 
     def _exit(self, code: int) -> None:
         self.state = WorkerState.DEAD
@@ -128,7 +127,7 @@ class _Partials:
 
     def send(self, frame: Frame) -> None:
         if self.on_partial is not None:
-            self.loop.call_soon_threadsafe(self.on_partial, _partial_results(frame))
+            self.loop.call_soon_threadsafe(self.on_partial, partial_results(decode_partial(frame)))
 
 
 class InlineWorkers:

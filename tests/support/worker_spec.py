@@ -4,14 +4,14 @@ drive a real worker process through `serve.worker.process.WorkerProcess` without
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from archiver import build, open_archive
+from serve.wire.messages import WorkerSpec
 
 
 def worker_spec(
     work: Path, handler: Path, *, name: str = "m", batch_size: int = 1, log_level: str = "INFO"
-) -> dict[str, Any]:
+) -> WorkerSpec:
     """Archive ``handler`` (a folder archive in ``work``) and describe it as a worker's spec."""
     folder = build(
         model_name=name,
@@ -22,16 +22,12 @@ def worker_spec(
         force=True,
     )
     archive = open_archive(folder, work / f"extract-{name}")
-    return {
-        "model_name": name,
-        "model_version": "1.0",
-        "model_dir": str(archive.model_dir),
-        "manifest": archive.manifest,
-        "handler": None,
-        "batch_size": batch_size,
-        "gpu_id": None,
-        "num_threads": 1,
-        "cpu_affinity": None,
-        "model_yaml_config": {},
-        "log_level": log_level,
-    }
+    return WorkerSpec(
+        model_name=name,
+        model_version="1.0",
+        model_dir=str(archive.model_dir),
+        manifest=archive.manifest,
+        batch_size=batch_size,
+        num_threads=1,
+        log_level=log_level,
+    )
