@@ -135,7 +135,9 @@ class InferenceService:
         status = 500
         name, version = request.model_name, request.model_version or "default"
         try:
-            params = [(key, None, value) for key, value in request.input.items()]
+            params: list[tuple[str, str | None, bytes]] = [
+                (key, None, value) for key, value in request.input.items()
+            ]
             item = BatchItem(rid, headers, params)
             result = await model.submit(item, call.timeout())
             _check(result)

@@ -40,7 +40,7 @@ def render(families: Iterable[Metric]) -> bytes:
                 bare.append(f"{s.name}{{{labels}}} {float(s.value)!r}\n")
         else:
             standard.append(family)
-    return generate_latest(_Families(standard)) + "".join(bare).encode()  # type: ignore[arg-type]
+    return generate_latest(_Families(standard)) + "".join(bare).encode()
 
 
 def _escape(value: str) -> str:

@@ -113,13 +113,25 @@ async def ready_ids(api: httpx.AsyncClient, name: str, version: str | None = Non
 
 
 async def wait_ready(api: httpx.AsyncClient, name: str, version: str, count: int) -> list[str]:
-    async with asyncio.timeout(30):
+    async def ready() -> list[str]:
         while True:
             data = await describe(api, name, version)
             ids = [w["id"] for w in data["workers"] if w["status"] == "READY"]
             if len(ids) == count and len(data["workers"]) == count:
                 return ids
             await asyncio.sleep(0.005)
+
+    return await asyncio.wait_for(ready(), 30)
+
+
+async def pending_at_least(api: httpx.AsyncClient, name: str, count: int) -> None:
+    """Wait (30 s at most) until ``count`` requests of ``name`` wait in its queue."""
+
+    async def queued() -> None:
+        while (await describe(api, name))["jobQueueStatus"]["pendingRequests"] < count:
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(queued(), 30)
 
 
 def assert_error(response: httpx.Response, code: int, error_type: str | None = None) -> dict:
@@ -570,9 +582,7 @@ def test_unregister_drains_in_flight_and_queued_requests(tmp_path: Path) -> None
             for _ in range(3)
         ]
         # One request runs on the worker, two wait in the queue.
-        async with asyncio.timeout(30):
-            while (await describe(api, "slow"))["jobQueueStatus"]["pendingRequests"] < 2:
-                await asyncio.sleep(0.005)
+        await pending_at_least(api, "slow", 2)
         response = await api.delete("/models/slow")
         assert response.status_code == 200
         assert response.json() == {"status": 'Model "slow" unregistered'}
@@ -598,9 +608,7 @@ def test_scale_down_lets_the_busy_worker_finish_its_batch(tmp_path: Path) -> Non
         running = asyncio.create_task(infer.post("/predictions/shrink", content=b"sleep 0.5"))
         await until(lambda: len(worker.batches) == 1)  # on the worker by now
         queued = asyncio.create_task(infer.post("/predictions/shrink", content=b"sleep 0.5"))
-        async with asyncio.timeout(30):
-            while (await describe(api, "shrink"))["jobQueueStatus"]["pendingRequests"] < 1:
-                await asyncio.sleep(0.005)
+        await pending_at_least(api, "shrink", 1)
         params: dict[str, Any] = {"min_worker": 0, "synchronous": "true"}
         response = await api.put("/models/shrink", params=params)
         assert response.status_code == 200

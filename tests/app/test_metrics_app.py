@@ -170,9 +170,11 @@ def test_worker_restart_is_counted(tmp_path: Path) -> None:
             counted = value(families, "serve_worker_restarts_total", **labels) == before + 1
             return counted and value(families, "serve_workers", state="READY", **labels) == 1
 
-        async with asyncio.timeout(30):
+        async def restart_counted() -> None:
             while not await restarted():
                 await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(restart_counted(), 30)
         assert (await predict(lantern, b"again", model="echo")).status_code == 200
 
     serve(tmp_path, test)

@@ -76,6 +76,7 @@ def test_a_head_still_arriving_is_cut_off_and_the_neighbour_answered(
     server: LanternServer, port: str
 ) -> None:
     url = urlsplit(_urls(server)[port])
+    assert url.port is not None
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
         sock.sendall(b"GET /ping HTTP/1.1\r\nhost: x\r\nx-endless: ")
         for _ in range(LIMIT // 1024 + 1):  # just past the limit, and the head never ends
@@ -90,7 +91,8 @@ def test_a_head_still_arriving_is_cut_off_and_the_neighbour_answered(
 
 def test_grpc_metadata_over_the_limit_is_resource_exhausted(server: LanternServer) -> None:
     with grpc.insecure_channel(server.grpc_inference) as channel:
-        check = health_pb2_grpc.HealthStub(channel).Check
+        # grpc-stubs do not declare the stub attributes its __init__ sets.
+        check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
         ok = check(health_pb2.HealthCheckRequest(), metadata=(("x-pad", "a" * (LIMIT // 2)),))
         assert ok.status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.RpcError) as refused:

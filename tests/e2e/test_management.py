@@ -41,7 +41,11 @@ def wait_dead(pids: list[int]) -> None:
 
 def test_scaling_and_unregistering_start_and_end_worker_processes(server: LanternServer) -> None:
     with httpx.Client(base_url=server.management, timeout=60) as api:
-        params = {"url": "echo.mar", "model_name": "life", "initial_workers": 1}
+        params: dict[str, str | int] = {
+            "url": "echo.mar",
+            "model_name": "life",
+            "initial_workers": 1,
+        }
         assert api.post("/models", params=params).status_code == 200
         (worker,) = workers(api, "life")
         assert worker["status"] == "READY"

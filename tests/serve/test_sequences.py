@@ -555,7 +555,7 @@ async def test_continuous_a_carried_request_whose_worker_dies_before_the_send_fa
     assert isinstance(pool, FakePool)
     listed = pool.workers
 
-    def workers_then_die() -> list[FakeWorker]:
+    def workers_then_die() -> list[Worker]:
         # Called by the dispatch that plans a1's next batch with a2: w0 dies before the send.
         if w.state is not WorkerState.READY or not d.table._open["a"].jobs:
             return listed()

@@ -114,9 +114,11 @@ class Pool:
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(5):
+    async def holds() -> None:
         while not condition():
             await asyncio.sleep(0)
+
+    await asyncio.wait_for(holds(), 5)
 
 
 def make(*workers: ManyAtOnce, slots: int) -> Dispatcher:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.core.jobs import BatchItem, WorkerState
+from serve.core.jobs import BatchItem, ItemResult, WorkerState
 from serve.wire.errors import WorkerDied
 from serve.worker.process import SOCKET_PATH_MAX, WorkerProcess, WorkerStartFailed
 from tests.support.server import HANDLERS
@@ -26,7 +26,8 @@ def test_a_closed_socket_takes_the_worker_out_of_service_before_its_exit_is_seen
         await proc.start(60)
         try:
             ok = await proc.run_batch([BatchItem("r0", {}, [("body", "text/plain", b"fine")])])
-            assert b"fine" in ok.results[0].body
+            answer = ok.results[0]
+            assert isinstance(answer, ItemResult) and b"fine" in answer.body
             proc.change_state(WorkerState.BUSY)  # as the dispatcher asks
             with pytest.raises(WorkerDied):
                 await proc.run_batch([BatchItem("r1", {}, [("body", "text/plain", b"hangup")])])

@@ -214,7 +214,7 @@ class Outputs:
         out = self.outputs[node]
         if isinstance(out, bytes):
             return ItemResult(200, out, None)
-        stream: asyncio.Queue[ItemResult | None] = asyncio.Queue()
+        stream: asyncio.Queue[ItemResult | ServeError | None] = asyncio.Queue()
         for chunk in out[1:]:
             stream.put_nowait(ItemResult(200, chunk, None))
         stream.put_nowait(None)

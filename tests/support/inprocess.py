@@ -95,17 +95,19 @@ def run(test: Callable[[], Awaitable[None]], limit: float = 60.0) -> None:
     """Run one async test body, bounded so that a hang fails instead of stalling the suite."""
 
     async def bounded() -> None:
-        async with asyncio.timeout(limit):
-            await test()
+        await asyncio.wait_for(test(), limit)
 
     asyncio.run(bounded())
 
 
 async def until(condition: Callable[[], bool], limit: float = 10.0) -> None:
     """Let the loop run until ``condition`` holds (fails past ``limit`` seconds)."""
-    async with asyncio.timeout(limit):
+
+    async def holds() -> None:
         while not condition():
             await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(holds(), limit)
 
 
 async def _cancel_the_rest() -> None:
