@@ -5,8 +5,9 @@
 request in flight for 5–20 ms per process on a 2-core machine, and a scale-up from 1 to 4 workers
 (two or three spawns at once) for ~50 ms: the largest latency spike of a scale-up under load
 (``bench/scaleup.py``, docs/performance.md). `spawn` runs `subprocess.Popen` (vfork and exec)
-on a thread of its own and connects the child's pipes to the loop; the loop learns of the exit
-through a pidfd (Linux ≥ 5.3), or else from a thread that waits for it.
+on a thread of its own and watches the child's pipes from the loop through `serve.worker.pipes`
+(never ``connect_read_pipe``: under uvloop it closes the descriptor twice); the loop learns of
+the exit through a pidfd (Linux ≥ 5.3), or else from a thread that waits for it.
 
 `Child` offers what the pool and the spares use of ``asyncio.subprocess.Process``: ``pid``,
 ``returncode``, ``stdin``/``stdout``/``stderr`` streams, ``wait``, ``send_signal`` and ``kill``.
@@ -33,7 +34,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
+
+from serve.worker.pipes import PipeReader, PipeWriter
 
 _LIMIT = 1 << 16  # the stream readers' line limit, asyncio's default
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -128,21 +131,22 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
         ),
     )
     try:
-        stdout = await _reader(loop, popen.stdout)
-        stderr = await _reader(loop, popen.stderr)
+        stdout = _reader(loop, popen.stdout)
+        stderr = _reader(loop, popen.stderr)
         writer = None
         if popen.stdin is not None:
-            transport, protocol = await loop.connect_write_pipe(
-                lambda: asyncio.streams.FlowControlMixin(loop=loop), popen.stdin
+            protocol = asyncio.streams.FlowControlMixin(loop=loop)
+            writer = asyncio.StreamWriter(
+                PipeWriter(loop, popen.stdin, protocol), protocol, None, loop
             )
-            writer = asyncio.StreamWriter(transport, protocol, None, loop)
         return Child(popen, writer, stdout, stderr)
     except BaseException:
         popen.kill()
         raise
 
 
-async def _reader(loop: asyncio.AbstractEventLoop, pipe: object) -> asyncio.StreamReader:
+def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> asyncio.StreamReader:
+    assert pipe is not None
     reader = asyncio.StreamReader(limit=_LIMIT, loop=loop)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    PipeReader(loop, pipe, reader)
     return reader
