@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from serve.worker.pipes import PipeReader, PipeWriter
 
@@ -118,7 +118,7 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
     """Start ``args`` in a process group of its own, stdout and stderr piped, stdin piped when
     asked for (else /dev/null)."""
     loop = asyncio.get_running_loop()
-    popen = await loop.run_in_executor(
+    started = await loop.run_in_executor(
         _executor(),
         functools.partial(
             subprocess.Popen,
@@ -130,6 +130,7 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
             **_OWN_GROUP,
         ),
     )
+    popen = cast("subprocess.Popen[bytes]", started)  # bytes pipes: no text mode was asked for
     try:
         stdout = _reader(loop, popen.stdout)
         stderr = _reader(loop, popen.stderr)

@@ -56,6 +56,7 @@ class Call:
 def plan(client: int, rng: random.Random) -> list[Call]:
     """The calls of one client: on the shared name and on its own, in a seeded random order."""
     calls = []
+    params: dict[str, Any]
     for _ in range(OPS_PER_CLIENT):
         name = SHARED if rng.random() < 0.5 else f"own{client}"
         version = rng.choice(list(ARCHIVES))
@@ -182,7 +183,10 @@ def test_concurrent_register_unregister_scale_and_set_default_leave_a_consistent
         unexpected = [(op, answer) for op, answer in answers if not op.expects(answer[0])]
         assert unexpected == []
 
-        versions = wait_for(registry.settled, 60, "every model at its minimum, READY")
+        # (settled() is [] once every model is gone: wait on its being a list.)
+        wait_for(lambda: registry.settled() is not None, 60, "every model at its minimum, READY")
+        versions = registry.settled()
+        assert versions is not None
         described = {w["pid"] for v in versions for w in v["workers"]}
         assert all(pid_alive(pid) for pid in described)
         assert described <= set(server.child_pids())
