@@ -26,10 +26,13 @@ import pytest
 from tests.support.server import LanternServer, echo_archive, pid_alive
 from tests.support.waiting import wait_for
 
-CLIENTS = 6
-OPS_PER_CLIENT = 8
+# 12 clients x 10 calls, about 20 s on a loaded 2-core machine. Before the fix each run failed
+# (a worker start refused with EEXIST, a registry that never settled, 52 descriptors leaked);
+# 16 x 12 also aborted the frontend (SIGABRT).
+CLIENTS = 12
+OPS_PER_CLIENT = 10
 SHARED = "shared"
-CALL_TIMEOUT = 45  # a synchronous register or scale waits for worker starts on a loaded machine
+CALL_TIMEOUT = 60  # a synchronous register or scale waits for worker starts on a loaded machine
 ARCHIVES = {"1.0": "echo.mar", "2.0": "echo-v2.mar"}
 # Descriptors the frontend may hold after the run beyond its count before: connections of the
 # checking client and log files opened late. The double close leaked ~3 per worker start.
