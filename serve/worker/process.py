@@ -237,6 +237,8 @@ class WorkerProcess:
         self.state = WorkerState.DEAD
         self._fail_pending()
         self.kill()
+        if self._writer is not None:  # our end of the socket, now, not when collected
+            self._writer.close()
 
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:
