@@ -118,7 +118,7 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
     """Start ``args`` in a process group of its own, stdout and stderr piped, stdin piped when
     asked for (else /dev/null)."""
     loop = asyncio.get_running_loop()
-    started = await loop.run_in_executor(
+    starting = loop.run_in_executor(
         _executor(),
         functools.partial(
             subprocess.Popen,
@@ -130,6 +130,11 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
             **_OWN_GROUP,
         ),
     )
+    try:
+        started = await asyncio.shield(starting)
+    except asyncio.CancelledError:  # the process starts all the same: stop and reap it
+        starting.add_done_callback(_discard_unwanted)
+        raise
     popen = cast("subprocess.Popen[bytes]", started)  # bytes pipes: no text mode was asked for
     try:
         stdout = _reader(loop, popen.stdout)
@@ -144,6 +149,19 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
     except BaseException:
         popen.kill()
         raise
+
+
+def _discard_unwanted(starting: asyncio.Future[Any]) -> None:
+    """A child whose ``spawn`` was cancelled while ``Popen`` ran: kill it, close its pipes (no
+    transport has them) and reap it, or it would stay a zombie (or, as a spare, wait on stdin)."""
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    popen: subprocess.Popen[bytes] = starting.result()
+    popen.kill()
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            pipe.close()
+    threading.Thread(target=popen.wait, name="lantern-reap", daemon=True).start()
 
 
 def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> asyncio.StreamReader:

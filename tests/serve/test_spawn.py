@@ -7,12 +7,14 @@ must be owned, and closed once, on both (`serve.worker.pipes`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -271,3 +273,60 @@ def test_writing_to_a_child_that_is_gone_raises_a_connection_error(run: Runner) 
         child.stdin.close()  # closing after the error is harmless
 
     run(main())
+
+
+def children() -> set[int]:
+    """This process's live children (zombies count: they are not reaped yet)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.add(int(entry))
+    return found
+
+
+def test_a_spawn_cancelled_while_the_child_starts_kills_and_reaps_it(
+    run: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unregister or scale-down cancels worker starts; one cancelled while ``Popen`` ran left
+    a child nobody watched (a sleeping spare, or a zombie once it exited)."""
+    entered, proceed = threading.Event(), threading.Event()
+    started: list[int] = []
+    real = subprocess.Popen
+
+    class HeldPopen(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            entered.set()
+            proceed.wait(30)  # until the spawn has been cancelled
+            super().__init__(*args, **kwargs)
+            started.append(self.pid)
+
+    monkeypatch.setattr(subprocess, "Popen", HeldPopen)
+
+    async def main() -> None:
+        before = children()
+        task = asyncio.create_task(
+            spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=None, stdin=True)
+        )
+        await asyncio.wait_for(until(entered.is_set), 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+        await asyncio.wait_for(until(lambda: bool(started)), 20)
+        # Reaped: gone from /proc (a zombie is still there), and nothing else left behind.
+        await asyncio.wait_for(until(lambda: not os.path.exists(f"/proc/{started[0]}")), 20)
+        assert children() == before
+
+    try:
+        run(main())
+    finally:
+        proceed.set()
+        for pid in started:  # whatever happened, the test leaves no sleeper behind
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
