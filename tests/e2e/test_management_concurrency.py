@@ -154,6 +154,15 @@ def spares_only(server: LanternServer, described: set[int]) -> set[int] | None:
     return others
 
 
+def wait_for_spares_only(server: LanternServer, described: set[int], what: str) -> None:
+    try:
+        wait_for(lambda: spares_only(server, described) is not None, 60, what)
+    except AssertionError:
+        others = set(server.child_pids()) - described
+        found = {pid: cmdline(pid) or "(a zombie)" for pid in others}
+        raise AssertionError(f"{what}: children besides the described workers {found}") from None
+
+
 def call(client: httpx.Client, op: Call) -> tuple[int, str]:
     reply = client.request(op.method, op.path, params=op.params)
     return reply.status_code, reply.text[:300]
@@ -193,7 +202,7 @@ def test_concurrent_register_unregister_scale_and_set_default_leave_a_consistent
         described = {w["pid"] for v in versions for w in v["workers"]}
         assert all(pid_alive(pid) for pid in described)
         assert described <= set(server.child_pids())
-        wait_for(lambda: spares_only(server, described) is not None, 60, "no orphan worker")
+        wait_for_spares_only(server, described, "no orphan worker")
 
         def unregister_all() -> bool:
             """One pass (a default version goes once the others have: 403 until then)."""
@@ -203,7 +212,7 @@ def test_concurrent_register_unregister_scale_and_set_default_leave_a_consistent
             return not registry.versions()
 
         wait_for(unregister_all, 60, "every model unregistered")
-        wait_for(lambda: spares_only(server, set()) is not None, 60, "no worker left")
+        wait_for_spares_only(server, set(), "no worker left")
         fds_after = settled_fd_count(server.pid, fds_before + FD_TOLERANCE)
         assert fds_after <= fds_before + FD_TOLERANCE, f"{fds_after} open, {fds_before} before"
         assert server.ping() == 200
