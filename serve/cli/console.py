@@ -2,7 +2,9 @@
 thread that writes the file and rotates it at a size, like the other logs.
 
 Whatever reaches file descriptors 1 and 2 (tracebacks at exit, C libraries, a stray ``print``) is
-kept; none of it can grow the disk without bound.
+kept; none of it can grow the disk without bound. Each descriptor has one owner that closes it
+once: the pipe's read end is the copying thread's (no event loop watches it), its write end lives
+on only as 1 and 2, and the saved originals are closed once put back.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class RotatingConsole:
         def restore() -> None:
             os.dup2(saved[0], 1)  # closes the last write end: the thread sees EOF and finishes
             os.dup2(saved[1], 2)
+            for fd in saved:  # 1 and 2 are copies of them now
+                os.close(fd)
             self._thread.join(5)
 
         atexit.register(restore)

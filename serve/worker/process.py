@@ -240,6 +240,8 @@ class WorkerProcess:
         self.change_state(WorkerState.DEAD)
         self._fail_pending()
         self.kill()
+        if self._writer is not None:  # our end of the socket, now, not when collected
+            self._writer.close()
 
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:

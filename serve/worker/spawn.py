@@ -5,8 +5,9 @@
 request in flight for 5–20 ms per process on a 2-core machine, and a scale-up from 1 to 4 workers
 (two or three spawns at once) for ~50 ms: the largest latency spike of a scale-up under load
 (``bench/scaleup.py``, docs/performance.md). `spawn` runs `subprocess.Popen` (vfork and exec)
-on a thread of its own and connects the child's pipes to the loop; the loop learns of the exit
-through a pidfd (Linux ≥ 5.3), or else from a thread that waits for it.
+on a thread of its own and watches the child's pipes from the loop through `serve.worker.pipes`
+(never ``connect_read_pipe``: under uvloop it closes the descriptor twice); the loop learns of
+the exit through a pidfd (Linux ≥ 5.3), or else from a thread that waits for it.
 
 `Child` offers what the pool and the spares use of ``asyncio.subprocess.Process``: ``pid``,
 ``returncode``, ``stdin``/``stdout``/``stderr`` streams, ``wait``, ``send_signal`` and ``kill``.
@@ -26,13 +27,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any, cast
+
+from serve.worker.pipes import PipeReader, PipeWriter
 
 _LIMIT = 1 << 16  # the stream readers' line limit, asyncio's default
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -114,34 +118,54 @@ async def spawn(args: Sequence[str], *, env: dict[str, str] | None, stdin: bool 
     """Start ``args`` in a process group of its own, stdout and stderr piped, stdin piped when
     asked for (else /dev/null)."""
     loop = asyncio.get_running_loop()
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+    starting = loop.run_in_executor(
+        _executor(),
+        functools.partial(
+            subprocess.Popen,
             list(args),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             **_OWN_GROUP,
-        )
-
-    popen = await loop.run_in_executor(_executor(), start)
+        ),
+    )
     try:
-        stdout = await _reader(loop, popen.stdout)
-        stderr = await _reader(loop, popen.stderr)
+        started = await asyncio.shield(starting)
+    except asyncio.CancelledError:  # the process starts all the same: stop and reap it
+        starting.add_done_callback(_discard_unwanted)
+        raise
+    popen = cast("subprocess.Popen[bytes]", started)  # bytes pipes: no text mode was asked for
+    try:
+        stdout = _reader(loop, popen.stdout)
+        stderr = _reader(loop, popen.stderr)
         writer = None
         if popen.stdin is not None:
-            transport, protocol = await loop.connect_write_pipe(
-                lambda: asyncio.streams.FlowControlMixin(loop=loop), popen.stdin
+            protocol = asyncio.streams.FlowControlMixin(loop=loop)
+            writer = asyncio.StreamWriter(
+                PipeWriter(loop, popen.stdin, protocol), protocol, None, loop
             )
-            writer = asyncio.StreamWriter(transport, protocol, None, loop)
         return Child(popen, writer, stdout, stderr)
     except BaseException:
         popen.kill()
         raise
 
 
-async def _reader(loop: asyncio.AbstractEventLoop, pipe: object) -> asyncio.StreamReader:
+def _discard_unwanted(starting: asyncio.Future[Any]) -> None:
+    """A child whose ``spawn`` was cancelled while ``Popen`` ran: kill it, close its pipes (no
+    transport has them) and reap it, or it would stay a zombie (or, as a spare, wait on stdin)."""
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    popen: subprocess.Popen[bytes] = starting.result()
+    popen.kill()
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            pipe.close()
+    threading.Thread(target=popen.wait, name="lantern-reap", daemon=True).start()
+
+
+def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> asyncio.StreamReader:
+    assert pipe is not None
     reader = asyncio.StreamReader(limit=_LIMIT, loop=loop)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    PipeReader(loop, pipe, reader)
     return reader

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvloop
 
 from serve.core.jobs import BatchItem, ItemResult, WorkerState
 from serve.wire.errors import WorkerDied
@@ -74,3 +79,45 @@ def test_a_work_dir_too_long_for_a_socket_is_a_clear_start_failure(tmp_path: Pat
         assert proc.pid is None  # nothing was spawned
 
     asyncio.run(scenario())
+
+
+def channels() -> set[str]:
+    """This process's sockets, pipes and pidfds (libuv's one /dev/null reserve left out)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(("socket:", "pipe:", "anon_inode:[pidfd]")):
+            found.add(f"{name} {target}")
+    return found
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_killed_workers_socket_and_pipes_close_once_it_is_gone_not_when_collected(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def scenario() -> None:
+        before = channels()
+        proc = WorkerProcess(
+            "hangup_1.0-w0",
+            worker_spec(tmp_path, HANDLERS / "hangup_handler.py", name="hangup"),
+            tmp_path,
+        )
+        await proc.start(60)
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        await asyncio.wait_for(proc.wait_exit(), 30)
+
+        async def closed() -> None:  # `proc` is still referenced: nothing is collected
+            while channels() != before:
+                await asyncio.sleep(0.02)
+
+        try:
+            await asyncio.wait_for(closed(), 10)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"still open: {channels() - before}") from None
+        await proc.stop(1)
+
+    run(scenario())
