@@ -67,11 +67,15 @@ def _positive(config: dict, key: str, default: int) -> int:
 
 
 def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLimits:
-    """The engine's limits: the config's values, else defaults bounded by the model's context."""
+    """The engine's limits: the config's values, else defaults (the model's own context).
+
+    ``max_model_len`` may exceed ``max_cached_tokens``: a request longer than the model allows is a
+    400, one that the model allows but this worker's budget never can hold is a 507.
+    """
     running_default = batch_size if batch_size and batch_size > 1 else DEFAULT_RUNNING
     cached = _positive(config, "max_cached_tokens", DEFAULT_CACHED_TOKENS)
     context = model_context_length(model) or cached
-    model_len = _positive(config, "max_model_len", min(context, cached))
+    model_len = _positive(config, "max_model_len", context)
     if model_len > context:
         raise HandlerLoadError(
             f"text_generation: handler.max_model_len {model_len} exceeds the model's "
@@ -80,6 +84,6 @@ def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLim
     return EngineLimits(
         max_running_sequences=_positive(config, "max_running_sequences", running_default),
         max_cached_tokens=cached,
-        max_model_len=min(model_len, cached),
+        max_model_len=model_len,
         prefill_chunk_tokens=_positive(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
     )

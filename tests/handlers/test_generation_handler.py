@@ -223,7 +223,7 @@ def test_engine_limits_come_from_the_handler_section(service):
         "prefill_chunk_tokens": 256,
     }
     assert engine_limits({}, model, 6).max_running_sequences == 6  # batchSize, when set
-    assert engine_limits({"max_cached_tokens": 100}, model, 1).max_model_len == 100
+    assert engine_limits({"max_cached_tokens": 100}, model, 1).max_model_len == 256
     with pytest.raises(HandlerLoadError, match="exceeds the model's context 256"):
         engine_limits({"max_model_len": 512}, model, 1)
     with pytest.raises(HandlerLoadError, match="must be a positive integer"):
