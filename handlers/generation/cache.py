@@ -99,9 +99,10 @@ class BatchCache:
         mask = self.mask.index_select(0, index)
         first = int(torch.nonzero(mask.any(dim=0))[0])  # leading all-padding columns
         self.mask = mask[:, first:]
-        self.cache = new_cache(
-            [
-                (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-                for k, v in _layers(self.cache)
-            ]
-        )
+        layers = []
+        for k, v in _layers(self.cache):
+            rows = index.to(k.device)
+            layers.append(
+                (k.index_select(0, rows)[:, :, first:], v.index_select(0, rows)[:, :, first:])
+            )
+        self.cache = new_cache(layers)

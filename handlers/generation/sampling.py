@@ -39,6 +39,7 @@ class Sampler:
         self._banned_early = tuple(sorted(set(self._eos) | set(params.stop_token_ids)))
         self._seen: set[int] = set(prompt_ids) if params.repetition_penalty != 1.0 else set()
         self._counts: Counter[int] = Counter()
+        self._generated = 0
         self._generator: torch.Generator | None = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -54,11 +55,12 @@ class Sampler:
         """The next token for a 1-D row of logits, plus its log-probabilities when asked for."""
         raw = logits
         logits = self._penalise(logits.float())
-        if len(self._counts) < self.params.min_tokens and self._banned_early:
+        if self._generated < self.params.min_tokens and self._banned_early:
             logits = logits.clone() if logits is raw else logits
             logits[list(self._banned_early)] = float("-inf")
         token = int(torch.argmax(logits)) if self._generator is None else self._sample(logits)
         self._counts[token] += 1
+        self._generated += 1
         if self.params.repetition_penalty != 1.0:
             self._seen.add(token)
         return token, self._logprobs(raw, token)

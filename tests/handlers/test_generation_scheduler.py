@@ -112,3 +112,33 @@ def test_the_batch_cache_pads_on_the_left_and_trims_on_leave():
     assert batch.cache.layers[0].keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0]
     batch.leave({"a", "c"})
     assert len(batch) == 0 and batch.padded_tokens == 0
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_enough_tokens():
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler
+
+    logits = torch.tensor([0.0, 5.0, 4.0, 3.0])  # EOS (1) first, then stop id 2, then 3
+    sampler = Sampler(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(2,)), [0], [1])
+    assert [sampler.choose(logits)[0] for _ in range(4)] == [3, 3, 3, 1]
+    assert sampler.is_stop_token(1) and sampler.is_stop_token(2) and not sampler.is_stop_token(3)
+    assert not Sampler(SamplingParams(ignore_eos=True), [], [1]).is_stop_token(1)
+
+
+def test_penalties_and_seeded_sampling():
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler
+
+    logits = torch.tensor([2.0, 1.9, -1.0])
+    repeat = Sampler(SamplingParams(temperature=0, repetition_penalty=2.0), [0], [])
+    assert repeat.choose(logits)[0] == 1  # 2.0 / 2 < 1.9: the prompt's token is penalised
+    freq = Sampler(SamplingParams(temperature=0, frequency_penalty=0.5), [], [])
+    assert [freq.choose(logits)[0] for _ in range(3)] == [0, 1, 0]  # 2.0-0.5 < 1.9; 1.9-0.5 < 1.5
+    wide = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    first, again = (
+        Sampler(SamplingParams(seed=1, top_k=10, top_p=0.9), [], []).choose(wide)[0] for _ in "ab"
+    )
+    assert first == again
+    top10 = set(torch.topk(wide, 10).indices.tolist())
+    seq = Sampler(SamplingParams(seed=3, top_k=10), [], [])
+    assert {seq.choose(wide)[0] for _ in range(40)} <= top10
