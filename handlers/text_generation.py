@@ -178,36 +178,40 @@ class TextGenerationHandler:
             texts[request_id], tokens[request_id], logprobs[request_id] = [], [], []
             streaming[request_id] = request.stream
         pending = set(texts)
-        while pending:
-            step = [out for out in engine.step() if out.request_id in pending]
-            self._stream(step, streaming, ids, context)
-            for out in step:
-                i = index[out.request_id]
-                texts[out.request_id].append(out.text)
-                tokens[out.request_id].extend(out.token_ids)
-                logprobs[out.request_id].extend(_logprobs(out) or [])
-                if not out.finished:
-                    continue
-                pending.discard(out.request_id)
-                if out.error is not None:
-                    context.set_response_status(out.error.error_code, out.error.message, idx=i)
-                    results[i] = {
-                        "code": out.error.error_code,
-                        "type": "PredictionException",
-                        "message": out.error.message,
+        try:
+            while pending:
+                step = [out for out in engine.step() if out.request_id in pending]
+                self._stream(step, streaming, ids, context)
+                for out in step:
+                    i = index[out.request_id]
+                    texts[out.request_id].append(out.text)
+                    tokens[out.request_id].extend(out.token_ids)
+                    logprobs[out.request_id].extend(_logprobs(out) or [])
+                    if not out.finished:
+                        continue
+                    pending.discard(out.request_id)
+                    if out.error is not None:
+                        context.set_response_status(out.error.error_code, out.error.message, idx=i)
+                        results[i] = {
+                            "code": out.error.error_code,
+                            "type": "PredictionException",
+                            "message": out.error.message,
+                        }
+                        continue
+                    # A streamed row's parts carried the earlier text: its answer is the last part.
+                    whole = not streaming[out.request_id]
+                    result = {
+                        "text": "".join(texts[out.request_id]) if whole else out.text,
+                        "tokens": tokens[out.request_id] if whole else out.token_ids,
+                        "finish_reason": out.finish_reason,
+                        "usage": _usage(out),
                     }
-                    continue
-                # A streamed row's parts carried the earlier text: its answer is the last part.
-                whole = not streaming[out.request_id]
-                result = {
-                    "text": "".join(texts[out.request_id]) if whole else out.text,
-                    "tokens": tokens[out.request_id] if whole else out.token_ids,
-                    "finish_reason": out.finish_reason,
-                    "usage": _usage(out),
-                }
-                if out.logprobs is not None or logprobs[out.request_id]:
-                    result["logprobs"] = logprobs[out.request_id]
-                results[i] = result
+                    if out.logprobs is not None or logprobs[out.request_id]:
+                        result["logprobs"] = logprobs[out.request_id]
+                    results[i] = result
+        finally:
+            for request_id in pending:  # left early (a handler bug): free their slots
+                engine.cancel(request_id)
         return results
 
     @staticmethod
