@@ -190,6 +190,15 @@ class Engine:
             "decoded": running,
             "prefill_tokens": sum(c.end - c.start for c in chunks),
         }
+        if logger.isEnabledFor(logging.DEBUG):  # the step log: how big each batch was, who joined
+            logger.debug(
+                "step %d: decoded %d, prefilled %d tokens, waiting %d, finished %d",
+                self.steps,
+                running,
+                self.last_step["prefill_tokens"],
+                len(self.scheduler.waiting),
+                sum(out.finished for out in outputs),
+            )
         return outputs
 
     # -- inside a step ------------------------------------------------------------------------
