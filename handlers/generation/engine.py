@@ -181,7 +181,12 @@ class Engine:
         if running:
             outputs += self._decode()
         chunks = self.scheduler.plan_prefill()
+        whole = [c for c in chunks if c.start == 0 and c.last]
+        if len(whole) > 1:  # prompts that fit this step whole: one padded forward for all
+            outputs += self._prefill_together(whole)
         for chunk in chunks:
+            if len(whole) > 1 and chunk in whole:
+                continue
             out = self._prefill(chunk)
             if out is not None:
                 outputs.append(out)
@@ -257,6 +262,31 @@ class Engine:
         self.batch.join(seq.request_id, seq.cache, seq.prompt_len)
         seq.cache = None
         return self._emit(seq, logits[0])
+
+    def _prefill_together(self, chunks: list[PrefillChunk]) -> list[StepOutput]:
+        """Prefill whole prompts in one left-padded batch, then join each to the running batch."""
+        seqs = [c.sequence for c in chunks]
+        assert all(isinstance(seq, Sequence) for seq in seqs)
+        width = max(seq.prompt_len for seq in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, width - seq.prompt_len :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
+            mask[i, width - seq.prompt_len :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        try:
+            logits, cache = self._forward(ids, mask, positions, new_cache())
+        except Exception as exc:
+            return [self._fail(seq, exc) for seq in seqs]
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        outputs = []
+        for i, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
+            self.scheduler.prefilled(chunk)
+            pad = width - seq.prompt_len
+            own = new_cache([(k[i : i + 1, :, pad:], v[i : i + 1, :, pad:]) for k, v in layers])
+            self.batch.join(seq.request_id, own, seq.prompt_len)
+            outputs.append(self._emit(seq, logits[i]))
+        return outputs
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
         """Choose the sequence's next token and say what it adds; ends it when it should stop."""

@@ -99,6 +99,20 @@ def test_greedy_beside_others_with_late_joins_equals_generate(model, tokenizer):
     }
 
 
+def test_prompts_arriving_together_prefill_in_one_batch_and_equal_generate(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=256)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(str(i), GenerationRequest(prompt, GREEDY))
+    first = {o.request_id: o for o in engine.step()}
+    assert sorted(first) == ["0", "1", "2", "3"]  # all four prefilled in the first step
+    assert engine.stats()["running"] == 4
+    seen = drain(engine)
+    for i, prompt in enumerate(PROMPTS):
+        assert first[str(i)].token_ids + tokens(seen[str(i)]) == reference(
+            model, tokenizer, prompt, 24
+        )
+
+
 def test_text_streams_and_matches_the_decoded_tokens(model, tokenizer):
     engine = make_engine(model, tokenizer)
     engine.add("a", GenerationRequest(PROMPTS[2], GREEDY))
