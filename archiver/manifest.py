@@ -24,6 +24,7 @@ BUILTIN_HANDLERS = frozenset(
         "image_segmenter",
         "object_detector",
         "text_classifier",
+        "text_generation",
         "dali_image_classifier",
         "vllm_handler",
         "trt_llm_handler",

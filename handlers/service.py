@@ -25,7 +25,14 @@ from handlers.exceptions import HandlerLoadError, InvalidHandlerOutput
 from handlers.modules import ensure_on_sys_path, import_file, list_classes_from_module
 
 BUILTIN_HANDLERS = frozenset(
-    {"base_handler", "image_classifier", "image_segmenter", "object_detector", "text_classifier"}
+    {
+        "base_handler",
+        "image_classifier",
+        "image_segmenter",
+        "object_detector",
+        "text_classifier",
+        "text_generation",
+    }
 )
 DEFAULT_FUNCTION = "handle"
 

@@ -1,0 +1,346 @@
+"""The generative engine a worker runs: iteration-level scheduling over ``model.forward``.
+
+What the worker calls (docs/generation.md has the loop): ``add(request_id, request)`` queues a
+sequence (bad input raises `PredictionException` for that request alone); ``step()`` runs one
+iteration and returns a `StepOutput` for every sequence that produced something or ended;
+``cancel(request_id)`` drops a sequence, freeing its slot before the next forward pass;
+``limits()`` and ``stats()`` say what the worker can take and holds.
+
+One step is one decode forward over the running batch (one token per sequence, in one padded
+batch) followed by at most ``prefill_chunk_tokens`` of prompt prefill for newcomers; a sequence
+whose prompt is complete emits its first token and joins the batch at the next step. The engine
+runs in the calling thread and uses torch's intra-op threads only (the worker's thread budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from handlers.exceptions import PredictionException, report_failure
+from handlers.generation.cache import BatchCache, new_cache
+from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
+from handlers.generation.params import GenerationRequest, SamplingParams
+from handlers.generation.sampling import Sampler, TokenLogprobs
+from handlers.generation.scheduler import EngineLimits, PrefillChunk, Scheduler
+
+logger = logging.getLogger(__name__)
+
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
+
+
+@dataclass
+class StepOutput:
+    """What one sequence produced in one step (``token_ids`` may be empty when it just ended)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    error: PredictionException | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's state inside the engine."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    reserved: int
+    sampler: Sampler
+    decoder: IncrementalDecoder
+    stops: StopMatcher
+    prefilled: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    cache: Any = None  # its own cache while prefilling
+    arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def model_context_length(model: Any) -> int | None:
+    """The longest sequence the model's positions allow, when its config says."""
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class Engine:
+    """Continuous batching over a Hugging Face causal LM and its tokenizer."""
+
+    def __init__(self, model: Any, tokenizer: Any, limits: EngineLimits) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self._limits = limits
+        self.scheduler = Scheduler(limits)
+        self.batch = BatchCache()
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.device = getattr(model, "device", torch.device("cpu"))
+        self._cancelled: set[str] = set()
+        self.steps = 0
+        self.last_step: dict[str, int] = {}
+
+    # -- the worker's interface ---------------------------------------------------------------
+
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    def stats(self) -> dict[str, int]:
+        """Live counts: sequences by state, reserved and padded cache positions, steps run."""
+        s = self.scheduler
+        return {
+            "waiting": len(s.waiting),
+            "prefilling": len(s.prefilling),
+            "running": len(s.running),
+            "reserved_tokens": s.reserved_tokens,
+            "cached_tokens": self.batch.padded_tokens,
+            "steps": self.steps,
+        }
+
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0
+
+    def __contains__(self, request_id: str) -> bool:
+        return self.scheduler.find(request_id) is not None
+
+    def add(self, request_id: str, request: GenerationRequest) -> None:
+        """Queue a request; raises `PredictionException` (400, or 507 if it can never fit)."""
+        if request_id in self:
+            raise PredictionException(f"request {request_id!r} is already being generated", 400)
+        try:
+            prompt_ids = list(self.tokenizer.encode(request.prompt))
+        except Exception as exc:  # a tokenizer bug fails this request, not the worker
+            raise PredictionException(
+                f"the tokenizer failed on this prompt: {type(exc).__name__}: {exc}", 400
+            ) from exc
+        if not prompt_ids:
+            raise PredictionException("the prompt encodes to no tokens", 400)
+        limit = self._limits.max_model_len
+        if len(prompt_ids) >= limit:
+            raise PredictionException(
+                f"the prompt has {len(prompt_ids)} tokens; this model takes at most {limit - 1}",
+                400,
+            )
+        params = request.params
+        reserved = min(len(prompt_ids) + params.max_tokens, limit)
+        if reserved > self._limits.max_cached_tokens:
+            raise PredictionException(
+                f"the request needs {reserved} cache positions (prompt + max_tokens); this "
+                f"worker's KV-cache budget is {self._limits.max_cached_tokens}",
+                507,
+            )
+        seq = Sequence(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            params=params,
+            reserved=reserved,
+            sampler=Sampler(params, prompt_ids, self.eos_token_ids),
+            decoder=IncrementalDecoder(self.tokenizer),
+            stops=StopMatcher(params.stop),
+        )
+        self.scheduler.add(seq)
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a sequence at the start of the next step; False when it is not here."""
+        if request_id not in self:
+            return False
+        self._cancelled.add(request_id)
+        return True
+
+    def step(self) -> list[StepOutput]:
+        """One iteration: cancellations, admission, one decode forward, one prefill chunk."""
+        outputs = self._drop_cancelled()
+        self.scheduler.admit()
+        running = len(self.batch)
+        if running:
+            outputs += self._decode()
+        chunks = self.scheduler.plan_prefill()
+        whole = [c for c in chunks if c.start == 0 and c.last]
+        if len(whole) > 1:  # prompts that fit this step whole: one padded forward for all
+            outputs += self._prefill_together(whole)
+        for chunk in chunks:
+            if len(whole) > 1 and chunk in whole:
+                continue
+            out = self._prefill(chunk)
+            if out is not None:
+                outputs.append(out)
+        self.steps += 1
+        self.last_step = {
+            "decoded": running,
+            "prefill_tokens": sum(c.end - c.start for c in chunks),
+        }
+        if logger.isEnabledFor(logging.DEBUG):  # the step log: how big each batch was, who joined
+            logger.debug(
+                "step %d: decoded %d, prefilled %d tokens, waiting %d, finished %d",
+                self.steps,
+                running,
+                self.last_step["prefill_tokens"],
+                len(self.scheduler.waiting),
+                sum(out.finished for out in outputs),
+            )
+        return outputs
+
+    # -- inside a step ------------------------------------------------------------------------
+
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ):
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits[:, -1, :].float().cpu(), out.cache
+
+    def _drop_cancelled(self) -> list[StepOutput]:
+        outputs = []
+        for request_id in sorted(self._cancelled):
+            seq = self.scheduler.find(request_id)
+            if seq is not None:
+                outputs.append(self._finish(seq, FINISH_CANCELLED, [], ""))
+        self._cancelled.clear()
+        return outputs
+
+    def _decode(self) -> list[StepOutput]:
+        rows = {seq.request_id: seq for seq in self.scheduler.running}
+        order = [rows[key] for key in self.batch.keys]
+        input_ids = torch.tensor([[seq.output_ids[-1]] for seq in order], dtype=torch.long)
+        try:
+            logits, cache = self._forward(
+                input_ids, self.batch.step_mask(), self.batch.positions(), self.batch.cache
+            )
+        except Exception as exc:
+            return [self._fail(seq, exc) for seq in order]
+        self.batch.advanced(cache)
+        return [self._emit(seq, logits[i]) for i, seq in enumerate(order)]
+
+    def _prefill(self, chunk: PrefillChunk) -> StepOutput | None:
+        seq = chunk.sequence
+        assert isinstance(seq, Sequence)
+        ids = torch.tensor([seq.prompt_ids[chunk.start : chunk.end]], dtype=torch.long)
+        mask = torch.ones((1, chunk.end), dtype=torch.long)
+        positions = torch.arange(chunk.start, chunk.end, dtype=torch.long)[None]
+        if seq.cache is None:
+            seq.cache = new_cache()
+        try:
+            logits, seq.cache = self._forward(ids, mask, positions, seq.cache)
+        except Exception as exc:
+            return self._fail(seq, exc)
+        self.scheduler.prefilled(chunk)
+        if not chunk.last:
+            return None
+        self.batch.join(seq.request_id, seq.cache, seq.prompt_len)
+        seq.cache = None
+        return self._emit(seq, logits[0])
+
+    def _prefill_together(self, chunks: list[PrefillChunk]) -> list[StepOutput]:
+        """Prefill whole prompts in one left-padded batch, then join each to the running batch."""
+        seqs = [c.sequence for c in chunks]
+        assert all(isinstance(seq, Sequence) for seq in seqs)
+        width = max(seq.prompt_len for seq in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, width - seq.prompt_len :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
+            mask[i, width - seq.prompt_len :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        try:
+            logits, cache = self._forward(ids, mask, positions, new_cache())
+        except Exception as exc:
+            return [self._fail(seq, exc) for seq in seqs]
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        outputs = []
+        for i, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
+            self.scheduler.prefilled(chunk)
+            pad = width - seq.prompt_len
+            own = new_cache([(k[i : i + 1, :, pad:], v[i : i + 1, :, pad:]) for k, v in layers])
+            self.batch.join(seq.request_id, own, seq.prompt_len)
+            outputs.append(self._emit(seq, logits[i]))
+        return outputs
+
+    def _emit(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
+        """Choose the sequence's next token and say what it adds; ends it when it should stop."""
+        try:
+            token, logprobs = seq.sampler.choose(logits)
+            seq.output_ids.append(token)
+            lp = [logprobs] if logprobs is not None else None
+            if seq.sampler.is_stop_token(token):
+                return self._finish(seq, FINISH_STOP, [token], "", lp)
+            text = seq.stops.feed(seq.decoder.add(token))
+            if seq.stops.stopped:
+                return self._finish(seq, FINISH_STOP, [token], text, lp)
+            total = seq.prompt_len + len(seq.output_ids)
+            if len(seq.output_ids) >= seq.params.max_tokens or total >= self._limits.max_model_len:
+                return self._finish(seq, FINISH_LENGTH, [token], text, lp)
+        except Exception as exc:
+            return self._fail(seq, exc)
+        return StepOutput(
+            seq.request_id,
+            [token],
+            text,
+            logprobs=lp,
+            prompt_tokens=seq.prompt_len,
+            completion_tokens=len(seq.output_ids),
+        )
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        token_ids: list[int],
+        text: str,
+        logprobs: list[TokenLogprobs] | None = None,
+        error: PredictionException | None = None,
+    ) -> StepOutput:
+        if reason in (FINISH_STOP, FINISH_LENGTH) and not seq.stops.stopped:
+            text += seq.stops.feed(seq.decoder.flush())
+            text += seq.stops.flush()
+        self.scheduler.remove(seq)
+        self.batch.leave({seq.request_id})
+        seq.cache = None
+        return StepOutput(
+            seq.request_id,
+            token_ids,
+            text,
+            True,
+            reason,
+            logprobs,
+            error,
+            prompt_tokens=seq.prompt_len,
+            completion_tokens=len(seq.output_ids),
+        )
+
+    def _fail(self, seq: Sequence, exc: Exception) -> StepOutput:
+        code, _, message = report_failure(exc, [seq.request_id], logger)
+        error = exc if isinstance(exc, PredictionException) else PredictionException(message, code)
+        return self._finish(seq, FINISH_ERROR, [], "", error=error)

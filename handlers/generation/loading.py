@@ -1,0 +1,89 @@
+"""Finding and loading an archive's causal LM (a ``save_pretrained`` folder or a ``.gguf`` file).
+
+The handler's section of model-config.yaml (``handler:``) may name the model: ``model_path`` (a
+folder or a ``.gguf`` file, relative to the model directory) and ``dtype`` (``float32`` default on
+CPU, ``bfloat16``/``float16``). Without ``model_path`` the model directory itself is used when it
+holds a ``config.json``, else its one ``.gguf`` file. The engine's limits come from the same
+section: ``max_running_sequences``, ``max_cached_tokens``, ``max_model_len`` and
+``prefill_chunk_tokens``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from handlers.exceptions import HandlerLoadError
+from handlers.generation.engine import model_context_length
+from handlers.generation.scheduler import EngineLimits
+
+DEFAULT_RUNNING = 8
+DEFAULT_CACHED_TOKENS = 16384
+DEFAULT_PREFILL_CHUNK = 256
+LIMIT_KEYS = ("max_running_sequences", "max_cached_tokens", "max_model_len", "prefill_chunk_tokens")
+
+
+def find_model(model_dir: str, config: dict) -> tuple[str, str | None]:
+    """``(folder, gguf file name or None)`` of the model to load from ``model_dir``."""
+    named = config.get("model_path")
+    path = os.path.join(model_dir, named) if named else model_dir
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return os.path.dirname(path), os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    ggufs = (
+        sorted(f for f in os.listdir(path) if f.endswith(".gguf")) if os.path.isdir(path) else []
+    )
+    if len(ggufs) == 1:
+        return path, ggufs[0]
+    found = f"{len(ggufs)} .gguf files" if ggufs else "no config.json or .gguf file"
+    raise HandlerLoadError(
+        f"text_generation: {path} holds {found}; name the model with handler.model_path "
+        "in model-config.yaml (a save_pretrained folder or one .gguf file)"
+    )
+
+
+def load_model(model_dir: str, config: dict, device: Any) -> tuple[Any, Any]:
+    """The model (in eval mode, on ``device``) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf = find_model(model_dir, config)
+    dtype_name = str(config.get("dtype", "float32"))
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise HandlerLoadError(f"text_generation: unknown dtype {dtype_name!r}")
+    extra = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra)
+    return model.to(device).eval(), tokenizer
+
+
+def _positive(config: dict, key: str, default: int) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HandlerLoadError(f"text_generation: handler.{key} must be a positive integer")
+    return value
+
+
+def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLimits:
+    """The engine's limits: the config's values, else defaults (the model's own context).
+
+    ``max_model_len`` may exceed ``max_cached_tokens``: a request longer than the model allows is a
+    400, one that the model allows but this worker's budget never can hold is a 507.
+    """
+    running_default = batch_size if batch_size and batch_size > 1 else DEFAULT_RUNNING
+    cached = _positive(config, "max_cached_tokens", DEFAULT_CACHED_TOKENS)
+    context = model_context_length(model) or cached
+    model_len = _positive(config, "max_model_len", context)
+    if model_len > context:
+        raise HandlerLoadError(
+            f"text_generation: handler.max_model_len {model_len} exceeds the model's "
+            f"context {context}"
+        )
+    return EngineLimits(
+        max_running_sequences=_positive(config, "max_running_sequences", running_default),
+        max_cached_tokens=cached,
+        max_model_len=model_len,
+        prefill_chunk_tokens=_positive(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
+    )

@@ -1,0 +1,119 @@
+"""Which sequences run at each engine step: admission under a KV budget, chunked prefill.
+
+Pure bookkeeping (no tensors), so it is table-tested on its own. A sequence reserves
+``prompt + max_tokens`` cache positions when admitted, so an admitted sequence never runs out of
+cache mid-generation and nothing is ever pre-empted; admission is first come, first served (the
+oldest waiting sequence is never overtaken by a smaller one). Each step prefills at most
+``prefill_chunk_tokens`` prompt tokens (oldest prefill first, a long prompt over several steps),
+which bounds how long a step of the running streams can be held up by newcomers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Schedulable(Protocol):
+    request_id: str
+    prompt_len: int
+    reserved: int  # cache positions held while admitted: prompt + max_tokens
+    prefilled: int  # prompt tokens already in its cache
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """One worker's generation budget (``limits()``, for the dispatcher and ``describe``)."""
+
+    max_running_sequences: int
+    max_cached_tokens: int
+    max_model_len: int
+    prefill_chunk_tokens: int
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt tokens ``[start, end)`` of one sequence to run through the model this step."""
+
+    sequence: Schedulable
+    start: int
+    end: int
+
+    @property
+    def last(self) -> bool:
+        return self.end == self.sequence.prompt_len
+
+
+class Scheduler:
+    """Waiting, prefilling and running sequences of one engine, within its limits."""
+
+    def __init__(self, limits: EngineLimits) -> None:
+        self.limits = limits
+        self.waiting: deque[Schedulable] = deque()
+        self.prefilling: list[Schedulable] = []
+        self.running: list[Schedulable] = []
+        self.reserved_tokens = 0
+
+    @property
+    def admitted(self) -> int:
+        return len(self.prefilling) + len(self.running)
+
+    def __len__(self) -> int:
+        return len(self.waiting) + self.admitted
+
+    def add(self, sequence: Schedulable) -> None:
+        self.waiting.append(sequence)
+
+    def admit(self) -> list[Schedulable]:
+        """Move waiting sequences to prefill while the budget allows; returns those moved."""
+        moved = []
+        while self.waiting and self.admitted < self.limits.max_running_sequences:
+            head = self.waiting[0]
+            if self.reserved_tokens + head.reserved > self.limits.max_cached_tokens:
+                break
+            self.waiting.popleft()
+            self.reserved_tokens += head.reserved
+            self.prefilling.append(head)
+            moved.append(head)
+        return moved
+
+    def plan_prefill(self) -> list[PrefillChunk]:
+        """This step's prefill work: up to ``prefill_chunk_tokens`` prompt tokens, oldest first."""
+        budget = self.limits.prefill_chunk_tokens
+        chunks = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(seq.prompt_len - seq.prefilled, budget)
+            chunks.append(PrefillChunk(seq, seq.prefilled, seq.prefilled + n))
+            budget -= n
+        return chunks
+
+    def prefilled(self, chunk: PrefillChunk) -> None:
+        """Record a chunk as done; the last chunk moves its sequence to the running batch."""
+        seq = chunk.sequence
+        seq.prefilled = chunk.end
+        if chunk.last:
+            self.prefilling.remove(seq)
+            self.running.append(seq)
+
+    def remove(self, sequence: Schedulable) -> None:
+        """Take a sequence out wherever it is (finished, cancelled or failed); frees its budget."""
+        for group in (self.prefilling, self.running):
+            if sequence in group:
+                group.remove(sequence)
+                self.reserved_tokens -= sequence.reserved
+                return
+        if sequence in self.waiting:
+            self.waiting.remove(sequence)
+
+    def find(self, request_id: str) -> Schedulable | None:
+        for group in (self.running, self.prefilling, self.waiting):
+            for seq in group:
+                if seq.request_id == request_id:
+                    return seq
+        return None

@@ -1,0 +1,234 @@
+"""``TextGenerationHandler``: the built-in generative handler for Hugging Face causal LMs.
+
+The archive holds a ``save_pretrained`` folder (safetensors + tokenizer files) or one ``.gguf``
+file (see `handlers.generation.loading`). A request is a JSON object with a ``prompt`` and
+OpenAI-style sampling fields (`handlers.generation.params`), or plain UTF-8 text as the prompt.
+
+Two ways to drive it, one engine (`handlers.generation.engine.Engine`) under both:
+
+* ``continuousBatching: true`` in model-config.yaml: TorchServe 0.12's contract. Every ``handle``
+  call is one engine step over ``context.request_ids``; new ids are added, ids that disappeared
+  are cancelled, each row gets ``{"text", "tokens", "finished", "finish_reason"}`` for this step
+  and ``context.stopping_criteria`` says which rows are done. Per-request state is in
+  ``context.cache`` as TorchServe's handlers keep it.
+* otherwise, one ``handle`` call runs its batch to completion; rows that asked for
+  ``"stream": true`` get each step's text through ``send_intermediate_predict_response``.
+
+A worker that drives the engine directly (docs/generation.md) uses ``handler.engine``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from handlers import runtimes
+from handlers.context import Context
+from handlers.exceptions import PredictionException
+from handlers.generation.engine import Engine, StepOutput
+from handlers.generation.loading import engine_limits, load_model
+from handlers.generation.params import GenerationRequest, parse_request
+from handlers.streaming import send_intermediate_predict_response
+
+logger = logging.getLogger(__name__)
+
+
+def _payload(row: Any) -> Any:
+    if isinstance(row, dict) and ("data" in row or "body" in row):
+        value = row.get("data")
+        return value if value is not None else row.get("body")
+    return row
+
+
+def _logprobs(out: StepOutput) -> list[dict] | None:
+    if out.logprobs is None:
+        return None
+    return [
+        {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+        for lp in out.logprobs
+    ]
+
+
+def _usage(out: StepOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+    }
+
+
+class TextGenerationHandler:
+    """Generates text for prompts with continuous batching inside the worker."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.context: Context | None = None
+        self.continuous = False
+        self.initialized = False
+
+    def initialize(self, context: Context) -> None:
+        """Load the model and tokenizer and build the engine from model-config.yaml's limits."""
+        self.context = context
+        properties = context.system_properties
+        runtimes.set_num_threads(properties.get("num_threads"))
+        device = runtimes.select_device(properties.get("gpu_id"))
+        yaml_config = getattr(context, "model_yaml_config", None) or {}
+        config = yaml_config.get("handler") or {}
+        model, tokenizer = load_model(properties["model_dir"], config, device)
+        limits = engine_limits(config, model, properties.get("batch_size"))
+        self.engine = Engine(model, tokenizer, limits)
+        self.continuous = bool(yaml_config.get("continuousBatching", False))
+        context.cache = {}
+        self.initialized = True
+        logger.info("text_generation: %s loaded, limits %s", context.model_name, limits.as_dict())
+
+    def parse(self, row: Any) -> GenerationRequest:
+        assert self.engine is not None
+        limit = self.engine.limits().max_model_len
+        return parse_request(_payload(row), limit, self.engine.vocab_size)
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's limits and live counts (for ``describe``)."""
+        assert self.engine is not None
+        return {"limits": self.engine.limits().as_dict(), "stats": self.engine.stats()}
+
+    def handle(self, data: list, context: Context) -> list:
+        if self.continuous:
+            return self._step(data, context)
+        return self._run(data, context)
+
+    # -- one call per step (TorchServe continuous batching) ------------------------------------
+
+    def _step(self, data: list, context: Context) -> list:
+        engine = self.engine
+        assert engine is not None
+        cache: dict[str, Any] = context.cache
+        ids = [context.get_request_id(i) or str(i) for i in range(len(data))]
+        for request_id in set(cache) - set(ids):  # gone from the batch: the client left
+            engine.cancel(request_id)
+            cache.pop(request_id, None)
+        results: dict[str, Any] = {}
+        for i, (request_id, row) in enumerate(zip(ids, data, strict=True)):
+            if request_id in cache:
+                continue
+            try:
+                engine.add(request_id, self.parse(row))
+                cache[request_id] = {"finished": False}
+            except PredictionException as exc:
+                context.set_response_status(exc.error_code, exc.message, idx=i)
+                results[request_id] = {"finished": True, "error": exc.message}
+        outputs = {out.request_id: out for out in engine.step()}
+        rows = []
+        for i, request_id in enumerate(ids):
+            if request_id in results:
+                rows.append(results[request_id])
+                continue
+            out = outputs.get(request_id)
+            row = self._step_row(out)
+            if out is not None and out.error is not None:
+                context.set_response_status(out.error.error_code, out.error.message, idx=i)
+            if row["finished"]:
+                cache.pop(request_id, None)
+            rows.append(row)
+        context.stopping_criteria = [lambda result: bool(result.get("finished")) for _ in rows]
+        return rows
+
+    @staticmethod
+    def _step_row(out: StepOutput | None) -> dict[str, Any]:
+        if out is None:  # waiting, or prefilling a long prompt
+            return {"text": "", "tokens": [], "finished": False, "finish_reason": None}
+        row: dict[str, Any] = {
+            "text": out.text,
+            "tokens": out.token_ids,
+            "finished": out.finished,
+            "finish_reason": out.finish_reason,
+        }
+        if out.error is not None:
+            row["error"] = out.error.message
+        if out.logprobs is not None:
+            row["logprobs"] = _logprobs(out)
+        if out.finished:
+            row["usage"] = _usage(out)
+        return row
+
+    # -- one call per batch, run to completion -------------------------------------------------
+
+    def _run(self, data: list, context: Context) -> list:
+        engine = self.engine
+        assert engine is not None
+        ids = [f"{context.get_request_id(i) or i}" for i in range(len(data))]
+        results: list[Any] = [None] * len(data)
+        texts: dict[str, list[str]] = {}
+        tokens: dict[str, list[int]] = {}
+        logprobs: dict[str, list[dict]] = {}
+        streaming: dict[str, bool] = {}
+        index = {request_id: i for i, request_id in enumerate(ids)}
+        for i, (request_id, row) in enumerate(zip(ids, data, strict=True)):
+            try:
+                request = self.parse(row)
+                engine.add(request_id, request)
+            except PredictionException as exc:
+                context.set_response_status(exc.error_code, exc.message, idx=i)
+                results[i] = {
+                    "code": exc.error_code,
+                    "type": "PredictionException",
+                    "message": exc.message,
+                }
+                continue
+            texts[request_id], tokens[request_id], logprobs[request_id] = [], [], []
+            streaming[request_id] = request.stream
+        pending = set(texts)
+        try:
+            while pending:
+                step = [out for out in engine.step() if out.request_id in pending]
+                self._stream(step, streaming, ids, context)
+                for out in step:
+                    i = index[out.request_id]
+                    texts[out.request_id].append(out.text)
+                    tokens[out.request_id].extend(out.token_ids)
+                    logprobs[out.request_id].extend(_logprobs(out) or [])
+                    if not out.finished:
+                        continue
+                    pending.discard(out.request_id)
+                    if out.error is not None:
+                        context.set_response_status(out.error.error_code, out.error.message, idx=i)
+                        results[i] = {
+                            "code": out.error.error_code,
+                            "type": "PredictionException",
+                            "message": out.error.message,
+                        }
+                        continue
+                    # A streamed row's parts carried the earlier text: its answer is the last part.
+                    whole = not streaming[out.request_id]
+                    result = {
+                        "text": "".join(texts[out.request_id]) if whole else out.text,
+                        "tokens": tokens[out.request_id] if whole else out.token_ids,
+                        "finish_reason": out.finish_reason,
+                        "usage": _usage(out),
+                    }
+                    if out.logprobs is not None or logprobs[out.request_id]:
+                        result["logprobs"] = logprobs[out.request_id]
+                    results[i] = result
+        finally:
+            for request_id in pending:  # left early (a handler bug): free their slots
+                engine.cancel(request_id)
+        return results
+
+    @staticmethod
+    def _stream(
+        step: list[StepOutput], streaming: dict[str, bool], ids: list[str], context: Context
+    ) -> None:
+        """Send this step's text of the rows that stream (other rows get an empty part)."""
+        parts = {
+            out.request_id: out
+            for out in step
+            if streaming.get(out.request_id) and not out.finished
+        }
+        if not parts:
+            return
+        chunk = [
+            {"text": parts[r].text, "tokens": parts[r].token_ids} if r in parts else "" for r in ids
+        ]
+        send_intermediate_predict_response(
+            chunk, context.request_ids or {}, "Intermediate Prediction success", 200, context
+        )

@@ -1,0 +1,318 @@
+"""The engine on a tiny random model: greedy equals ``generate``, alone and beside others; joins,
+chunked prefill, cancellation, the KV budget, sampling controls and per-request failures."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from handlers.exceptions import PredictionException
+from handlers.generation.engine import Engine, StepOutput
+from handlers.generation.params import GenerationRequest, SamplingParams
+from handlers.generation.scheduler import EngineLimits
+from tests.handlers.generation_fixtures import build_model, build_tokenizer
+
+PROMPTS = [
+    "the quick brown fox",
+    "a model server answers requests with tokens as they come and the batch",
+    "héllo",
+    "stop strings end a stream; penalties change what",
+]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def model(request, tokenizer):
+    return build_model(len(tokenizer), tokenizer.eos_token_id, request.param)
+
+
+def make_engine(model, tokenizer, running=8, cached=4096, chunk=16) -> Engine:
+    return Engine(model, tokenizer, EngineLimits(running, cached, 256, chunk))
+
+
+def reference(model, tokenizer, prompt: str, n: int) -> list[int]:
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+    )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def drain(engine: Engine) -> dict[str, list[StepOutput]]:
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    while engine.has_work():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    return seen
+
+
+def tokens(outs: list[StepOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+def test_greedy_alone_equals_generate(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=256)
+    engine.add("a", GenerationRequest(PROMPTS[1], GREEDY))
+    outs = drain(engine)["a"]
+    assert tokens(outs) == reference(model, tokenizer, PROMPTS[1], 24)
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert all(len(o.token_ids) == 1 for o in outs)  # one token per step, as it comes
+
+
+def test_greedy_beside_others_with_late_joins_equals_generate(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=8)  # prompts over 8 tokens prefill in chunks
+    lengths = [24, 9, 17, 24]
+    engine.add("0", GenerationRequest(PROMPTS[0], GREEDY))
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    batch_sizes = []
+    for step in range(200):
+        if step in (3, 6, 10):  # later requests join a running batch
+            i = {3: 1, 6: 2, 10: 3}[step]
+            params = SamplingParams(max_tokens=lengths[i], temperature=0.0, ignore_eos=True)
+            engine.add(str(i), GenerationRequest(PROMPTS[i], params))
+        for out in engine.step():
+            seen[out.request_id].append(out)
+        batch_sizes.append(engine.last_step["decoded"])
+        if not engine.has_work() and step > 10:
+            break
+    assert max(batch_sizes) == 4  # all four decoded in one forward at some step
+    for i, prompt in enumerate(PROMPTS):
+        assert tokens(seen[str(i)]) == reference(model, tokenizer, prompt, lengths[i]), i
+    assert engine.stats() == {
+        "waiting": 0,
+        "prefilling": 0,
+        "running": 0,
+        "reserved_tokens": 0,
+        "cached_tokens": 0,
+        "steps": engine.steps,
+    }
+
+
+def test_prompts_arriving_together_prefill_in_one_batch_and_equal_generate(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=256)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(str(i), GenerationRequest(prompt, GREEDY))
+    first = {o.request_id: o for o in engine.step()}
+    assert sorted(first) == ["0", "1", "2", "3"]  # all four prefilled in the first step
+    assert engine.stats()["running"] == 4
+    seen = drain(engine)
+    for i, prompt in enumerate(PROMPTS):
+        assert first[str(i)].token_ids + tokens(seen[str(i)]) == reference(
+            model, tokenizer, prompt, 24
+        )
+
+
+def test_text_streams_and_matches_the_decoded_tokens(model, tokenizer):
+    engine = make_engine(model, tokenizer)
+    engine.add("a", GenerationRequest(PROMPTS[2], GREEDY))
+    outs = drain(engine)["a"]
+    assert "".join(o.text for o in outs) == tokenizer.decode(tokens(outs), skip_special_tokens=True)
+
+
+def test_a_long_prompt_is_prefilled_in_bounded_chunks_while_others_decode(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=8)
+    engine.add(
+        "short",
+        GenerationRequest("the", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)),
+    )
+    engine.step()
+    long_prompt = " ".join(PROMPTS * 3)
+    n = len(tokenizer.encode(long_prompt))
+    assert n > 40
+    engine.add(
+        "long", GenerationRequest(long_prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    )
+    steps_until_first = 0
+    while True:
+        outs = {o.request_id: o for o in engine.step()}
+        steps_until_first += 1
+        assert engine.last_step["prefill_tokens"] <= 8
+        assert "short" in outs  # the running stream got a token at every step
+        if "long" in outs:
+            break
+    assert steps_until_first == -(-n // 8)
+
+
+def test_cancel_frees_the_slot_at_the_next_step(model, tokenizer):
+    engine = make_engine(model, tokenizer, running=1, chunk=256)
+    engine.add("a", GenerationRequest(PROMPTS[0], GREEDY))
+    engine.add("b", GenerationRequest(PROMPTS[1], GREEDY))
+    engine.step()
+    assert engine.stats()["running"] == 1 and engine.stats()["waiting"] == 1
+    assert engine.cancel("a") and not engine.cancel("nope")
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["a"].finished and outs["a"].finish_reason == "cancelled"
+    assert "b" in outs  # admitted and prefilled in the same step
+    assert tokens(drain(engine)["b"]) == reference(model, tokenizer, PROMPTS[1], 24)[1:]
+
+
+def test_the_kv_budget_makes_later_requests_wait(model, tokenizer):
+    prompt_len = len(tokenizer.encode(PROMPTS[0]))
+    engine = make_engine(model, tokenizer, cached=2 * (prompt_len + 24) + 3)
+    for key in "abc":
+        engine.add(key, GenerationRequest(PROMPTS[0], GREEDY))
+    first = engine.step()
+    stats = engine.stats()
+    assert stats["running"] + stats["prefilling"] == 2 and stats["waiting"] == 1
+    assert stats["reserved_tokens"] == 2 * (prompt_len + 24)
+    seen = drain(engine)
+    for out in first:
+        seen[out.request_id].insert(0, out)
+    assert tokens(seen["a"]) == tokens(seen["b"])
+    assert len(tokens(seen["c"])) == 24
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "code", "message"),
+    [
+        ("x " * 300, GREEDY, 400, "this model takes at most 255"),
+        ("the fox", SamplingParams(max_tokens=200), 507, "KV-cache budget is 100"),
+    ],
+)
+def test_requests_that_can_never_fit_fail_alone(model, tokenizer, prompt, params, code, message):
+    engine = make_engine(model, tokenizer, cached=100)
+    engine.add("ok", GenerationRequest(PROMPTS[0], SamplingParams(max_tokens=4, temperature=0)))
+    with pytest.raises(PredictionException) as caught:
+        engine.add("bad", GenerationRequest(prompt, params))
+    assert caught.value.error_code == code and message in caught.value.message
+    assert len(tokens(drain(engine)["ok"])) == 4
+
+
+def test_a_tokenizer_that_raises_fails_that_request_only(model, tokenizer, monkeypatch):
+    engine = make_engine(model, tokenizer)
+    engine.add("ok", GenerationRequest(PROMPTS[0], GREEDY))
+    engine.step()
+
+    def broken(text):
+        raise ValueError("cannot tokenize")
+
+    monkeypatch.setattr(engine.tokenizer, "encode", broken)
+    with pytest.raises(PredictionException) as caught:
+        engine.add("bad", GenerationRequest("boom", GREEDY))
+    monkeypatch.undo()
+    assert caught.value.error_code == 400 and "ValueError: cannot tokenize" in caught.value.message
+    assert len(tokens(drain(engine)["ok"])) == 23
+    with pytest.raises(PredictionException, match="already being generated"):
+        engine.add("x", GenerationRequest("a", GREEDY))
+        engine.add("x", GenerationRequest("a", GREEDY))
+
+
+def test_a_failing_forward_ends_those_streams_and_the_engine_keeps_serving(
+    model, tokenizer, monkeypatch
+):
+    engine = make_engine(model, tokenizer)
+    engine.add("a", GenerationRequest(PROMPTS[0], GREEDY))
+    engine.step()
+    real = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda *a: (_ for _ in ()).throw(MemoryError("oom")))
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason, o.error.error_code) for o in outs] == [
+        ("a", "error", 507)
+    ]
+    monkeypatch.setattr(engine, "_forward", real)
+    engine.add("b", GenerationRequest(PROMPTS[0], GREEDY))
+    assert tokens(drain(engine)["b"]) == reference(model, tokenizer, PROMPTS[0], 24)
+
+
+def test_same_seed_same_tokens_whatever_runs_beside(model, tokenizer):
+    params = SamplingParams(
+        max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True
+    )
+    alone = make_engine(model, tokenizer)
+    alone.add("s", GenerationRequest(PROMPTS[0], params))
+    busy = make_engine(model, tokenizer)
+    busy.add("other", GenerationRequest(PROMPTS[1], SamplingParams(max_tokens=30, seed=1)))
+    busy.step()
+    busy.add("s", GenerationRequest(PROMPTS[0], params))
+    first, second = tokens(drain(alone)["s"]), tokens(drain(busy)["s"])
+    assert first == second
+    other = make_engine(model, tokenizer)
+    other.add("s", GenerationRequest(PROMPTS[0], SamplingParams(**{**params.__dict__, "seed": 8})))
+    assert tokens(drain(other)["s"]) != first
+
+
+def test_stop_token_ids_min_tokens_and_eos(model, tokenizer):
+    ref = reference(model, tokenizer, PROMPTS[0], 24)
+    stop_id = ref[5]
+    first = ref.index(stop_id)
+    engine = make_engine(model, tokenizer)
+    engine.add(
+        "stop",
+        GenerationRequest(
+            PROMPTS[0], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=(stop_id,))
+        ),
+    )
+    engine.add(
+        "min",
+        GenerationRequest(
+            PROMPTS[0],
+            SamplingParams(
+                max_tokens=24, temperature=0, stop_token_ids=(stop_id,), min_tokens=first + 2
+            ),
+        ),
+    )
+    seen = drain(engine)
+    assert tokens(seen["stop"]) == ref[: first + 1]
+    assert seen["stop"][-1].finish_reason == "stop"
+    assert stop_id not in tokens(seen["min"])[: first + 2]  # banned until min_tokens
+    assert len(tokens(seen["min"])) >= first + 2
+
+
+def test_stop_strings_cut_the_text_before_them(model, tokenizer):
+    engine = make_engine(model, tokenizer)
+    engine.add("ref", GenerationRequest(PROMPTS[3], GREEDY))
+    text = "".join(o.text for o in drain(engine)["ref"])
+    stop = text[6:9]
+    assert stop and text.find(stop) == 6
+    engine.add(
+        "cut",
+        GenerationRequest(
+            PROMPTS[3], SamplingParams(max_tokens=24, temperature=0, stop=(stop, "never"))
+        ),
+    )
+    outs = drain(engine)["cut"]
+    assert "".join(o.text for o in outs) == text[:6]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_penalties_change_greedy_output_and_logprobs_are_reported(model, tokenizer):
+    engine = make_engine(model, tokenizer)
+    engine.add(
+        "plain",
+        GenerationRequest(
+            PROMPTS[0], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
+        ),
+    )
+    engine.add(
+        "pen",
+        GenerationRequest(
+            PROMPTS[0],
+            SamplingParams(
+                max_tokens=24,
+                temperature=0,
+                ignore_eos=True,
+                frequency_penalty=2.0,
+                repetition_penalty=1.5,
+            ),
+        ),
+    )
+    seen = drain(engine)
+    plain, pen = tokens(seen["plain"]), tokens(seen["pen"])
+    assert plain != pen
+    assert len(set(pen)) >= len(set(plain))
+    lps = [lp for o in seen["plain"] for lp in o.logprobs]
+    assert [lp.token_id for lp in lps] == plain
+    for lp in lps:  # greedy: the chosen token is the most likely one
+        assert len(lp.top) == 2 and lp.top[0][0] == lp.token_id and lp.logprob <= 0
+    assert seen["pen"][0].logprobs is None

@@ -1,0 +1,144 @@
+"""The engine's pure parts: admission and chunked prefill, stop strings, the batch cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from handlers.generation.cache import BatchCache, new_cache
+from handlers.generation.detokenize import StopMatcher
+from handlers.generation.scheduler import EngineLimits, Scheduler
+
+
+@dataclass(eq=False)
+class Seq:
+    request_id: str
+    prompt_len: int
+    reserved: int
+    prefilled: int = 0
+
+
+def scheduler(running=2, cached=100, chunk=10) -> Scheduler:
+    return Scheduler(EngineLimits(running, cached, 64, chunk))
+
+
+def test_admission_is_first_come_first_served_within_both_budgets():
+    s = scheduler(running=2, cached=100)
+    a, b, c, d = Seq("a", 5, 60), Seq("b", 5, 50), Seq("c", 5, 10), Seq("d", 5, 10)
+    for seq in (a, b, c, d):
+        s.add(seq)
+    assert s.admit() == [a]  # b does not fit beside a; c, though small, may not overtake b
+    s.remove(a)
+    assert s.admit() == [b, c]  # two running at most
+    assert s.reserved_tokens == 60 and list(s.waiting) == [d]
+    s.remove(d)  # cancelled while waiting: frees nothing it did not hold
+    assert s.reserved_tokens == 60 and len(s) == 2
+
+
+@pytest.mark.parametrize(
+    ("prompts", "chunk", "plan"),
+    [
+        ([4], 10, [("a", 0, 4)]),
+        ([25], 10, [("a", 0, 10)]),
+        ([4, 25, 3], 10, [("a", 0, 4), ("b", 0, 6)]),
+        ([3, 3, 3], 10, [("a", 0, 3), ("b", 0, 3), ("c", 0, 3)]),
+    ],
+)
+def test_each_step_prefills_at_most_one_chunk_oldest_first(prompts, chunk, plan):
+    s = scheduler(running=4, cached=1000, chunk=chunk)
+    for key, n in zip("abc", prompts, strict=False):
+        s.add(Seq(key, n, n + 5))
+    s.admit()
+    got = s.plan_prefill()
+    assert [(c.sequence.request_id, c.start, c.end) for c in got] == plan
+
+
+def test_a_long_prompt_moves_to_running_after_its_last_chunk():
+    s = scheduler(running=4, cached=1000, chunk=10)
+    seq = Seq("a", 25, 30)
+    s.add(seq)
+    s.admit()
+    spans = []
+    while s.prefilling:
+        (chunk,) = s.plan_prefill()
+        spans.append((chunk.start, chunk.end, chunk.last))
+        s.prefilled(chunk)
+    assert spans == [(0, 10, False), (10, 20, False), (20, 25, True)]
+    assert s.running == [seq] and s.find("a") is seq
+
+
+@pytest.mark.parametrize(
+    ("stops", "parts", "emitted", "stopped"),
+    [
+        ((), ["ab", "cd"], ["ab", "cd"], False),
+        (("END",), ["abc E", "N", "D tail"], ["abc ", "", ""], True),
+        (("END",), ["abc E", "N", "x"], ["abc ", "", "ENx"], False),
+        (("xy", "b"), ["axy"], ["a"], True),
+        (("ab",), ["a", "a", "b"], ["", "a", ""], True),
+    ],
+)
+def test_stop_strings_hold_back_what_may_begin_one(stops, parts, emitted, stopped):
+    m = StopMatcher(stops)
+    assert [m.feed(p) for p in parts] == emitted
+    assert m.stopped == stopped
+
+
+def test_stop_matcher_flushes_its_tail_when_the_sequence_ends_otherwise():
+    m = StopMatcher(("END",))
+    assert m.feed("to the E") == "to the "
+    assert m.flush() == "E"
+
+
+def _one(length: int, value: float) -> object:
+    t = torch.full((1, 2, length, 4), value)
+    return new_cache([(t, t.clone())])
+
+
+def test_the_batch_cache_pads_on_the_left_and_trims_on_leave():
+    batch = BatchCache()
+    batch.join("a", _one(3, 1.0), 3)
+    batch.join("b", _one(5, 2.0), 5)
+    assert batch.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert batch.positions().tolist() == [[3], [5]]
+    keys = batch.cache.layers[0].keys
+    assert keys.shape == (2, 2, 5, 4) and keys[0, 0, :2].abs().sum() == 0
+    batch.join("c", _one(2, 3.0), 2)
+    assert batch.padded_tokens == 15
+    batch.leave({"b"})
+    assert batch.keys == ["a", "c"]
+    assert batch.mask.tolist() == [[1, 1, 1], [0, 1, 1]]  # the two all-padding columns went
+    assert batch.cache.layers[0].keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0]
+    batch.leave({"a", "c"})
+    assert len(batch) == 0 and batch.padded_tokens == 0
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_enough_tokens():
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler
+
+    logits = torch.tensor([0.0, 5.0, 4.0, 3.0])  # EOS (1) first, then stop id 2, then 3
+    sampler = Sampler(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(2,)), [0], [1])
+    assert [sampler.choose(logits)[0] for _ in range(4)] == [3, 3, 3, 1]
+    assert sampler.is_stop_token(1) and sampler.is_stop_token(2) and not sampler.is_stop_token(3)
+    assert not Sampler(SamplingParams(ignore_eos=True), [], [1]).is_stop_token(1)
+
+
+def test_penalties_and_seeded_sampling():
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler
+
+    logits = torch.tensor([2.0, 1.9, -1.0])
+    repeat = Sampler(SamplingParams(temperature=0, repetition_penalty=2.0), [0], [])
+    assert repeat.choose(logits)[0] == 1  # 2.0 / 2 < 1.9: the prompt's token is penalised
+    freq = Sampler(SamplingParams(temperature=0, frequency_penalty=0.5), [], [])
+    assert [freq.choose(logits)[0] for _ in range(3)] == [0, 1, 0]  # 2.0-0.5 < 1.9; 1.9-0.5 < 1.5
+    wide = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    first, again = (
+        Sampler(SamplingParams(seed=1, top_k=10, top_p=0.9), [], []).choose(wide)[0] for _ in "ab"
+    )
+    assert first == again
+    top10 = set(torch.topk(wide, 10).indices.tolist())
+    seq = Sampler(SamplingParams(seed=3, top_k=10), [], [])
+    assert {seq.choose(wide)[0] for _ in range(40)} <= top10
