@@ -12,7 +12,7 @@ from handlers.exceptions import PredictionException
 from handlers.generation.engine import Engine, StepOutput
 from handlers.generation.params import GenerationRequest, SamplingParams
 from handlers.generation.scheduler import EngineLimits
-from tests.handlers.generation_fixtures import build_model, build_tokenizer
+from tests.support.generation_fixtures import build_model, build_tokenizer
 
 PROMPTS = [
     "the quick brown fox",

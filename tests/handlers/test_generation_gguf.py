@@ -7,7 +7,7 @@ import torch
 
 from handlers.context import Context
 from handlers.service import load_service
-from tests.handlers.generation_fixtures import build_model, build_tokenizer, save_gguf
+from tests.support.generation_fixtures import build_model, build_tokenizer, save_gguf
 
 MANIFEST = {"model": {"modelName": "tiny-gguf", "handler": "text_generation"}}
 

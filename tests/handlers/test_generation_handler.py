@@ -10,7 +10,7 @@ import torch
 
 from handlers.context import Context
 from handlers.service import load_service
-from tests.handlers.generation_fixtures import save_pretrained
+from tests.support.generation_fixtures import save_pretrained
 
 MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
 
