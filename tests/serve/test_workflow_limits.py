@@ -13,10 +13,10 @@ import pytest
 
 from archiver.workflow import WORKFLOW_MANIFEST_PATH
 from serve.config import Config, ConfigError
+from serve.core.jobs import BatchItem, ItemResult
 from serve.core.registry import Registry
 from serve.metrics.prometheus import ServerMetrics
 from serve.wire.errors import BadRequest, ServeError
-from serve.worker.process import BatchItem, ItemResult
 from serve.workflows import manager as manager_module
 from serve.workflows.dag import Dag, InvalidDAG, build_dag
 from serve.workflows.executor import run_dag
@@ -143,6 +143,11 @@ def workflows(store: Path, work: Path) -> Workflows:
     config = Config(model_store=str(store), snapshot=False, enable_model_api=True)
     metrics = ServerMetrics()
     return Workflows(config, Registry(config, work, metrics), work, metrics)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the server runs on asyncio (or uvloop), never on trio
 
 
 @pytest.mark.anyio
