@@ -98,13 +98,10 @@ async def register_model(
             f'Model "{model.name}" Version: {model.version} registered with 0 initial workers.'
             " Use scale workers API to add workers for the model."
         )
-    if not synchronous:
-        return Reply(ACCEPTED, 202)
-    if model.ready_workers() < requested:
-        return Reply(IN_PROGRESS, 206)
-    return Reply(
+    done = (
         f'Model "{model.name}" Version: {model.version} registered with {requested} initial workers'
     )
+    return _progress(model, requested, synchronous, done)
 
 
 async def describe(
@@ -131,13 +128,18 @@ async def scale(
     synchronous: bool,
 ) -> Reply:
     model = await registry.scale(name, version, min_worker, max_worker, synchronous=synchronous)
+    done = f"Workers scaled to {min_worker} for model: {model.name}, version: {model.version}"
+    return _progress(model, min_worker, synchronous, done)
+
+
+def _progress(model: ModelVersion, wanted: int, synchronous: bool, done: str) -> Reply:
+    """TorchServe's answer to a call that starts workers: accepted (202) when asynchronous,
+    partial (206) while fewer than ``wanted`` are ready, else ``done``."""
     if not synchronous:
         return Reply(ACCEPTED, 202)
-    if model.ready_workers() < min_worker:
+    if model.ready_workers() < wanted:
         return Reply(IN_PROGRESS, 206)
-    return Reply(
-        f"Workers scaled to {min_worker} for model: {model.name}, version: {model.version}"
-    )
+    return Reply(done)
 
 
 async def unregister(registry: Registry, config: Config, name: str, version: str | None) -> Reply:
