@@ -10,28 +10,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchvision import transforms
 
 from handlers.context import Context
-from handlers.images import ToRGB
 from handlers.labels import map_class_to_label
 from handlers.timer import timed
-from handlers.vision_handler import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
+from handlers.vision_handler import VisionHandler, imagenet_transform
 
 
 class ImageClassifier(VisionHandler):
     """Takes images, returns the most likely classes of each with their probabilities."""
 
     topk = 5
-    image_processing = transforms.Compose(
-        [
-            ToRGB(),
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-        ]
-    )
+    image_processing = imagenet_transform()
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)

@@ -10,25 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torchvision import transforms
 
-from handlers.images import ToRGB
 from handlers.timer import timed
-from handlers.vision_handler import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
+from handlers.vision_handler import VisionHandler, imagenet_transform
 
 
 class ImageSegmenter(VisionHandler):
     """Takes images, returns the top class and its probability for each pixel."""
 
-    image_processing = transforms.Compose(
-        [
-            ToRGB(),
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-        ]
-    )
+    image_processing = imagenet_transform()
 
     @timed
     def postprocess(self, data: Any) -> list:

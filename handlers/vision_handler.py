@@ -20,12 +20,25 @@ from handlers.base_handler import BaseHandler, _row_payload
 from handlers.context import Context
 from handlers.exceptions import PredictionException
 from handlers.explain import integrated_gradients
-from handlers.images import decode_image
+from handlers.images import ToRGB, decode_image
 from handlers.runtimes import OnnxModel
 from handlers.timer import timed
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+def imagenet_transform() -> transforms.Compose:
+    """The ImageNet evaluation transform: RGB, resize to 256, centre crop 224, normalise."""
+    return transforms.Compose(
+        [
+            ToRGB(),
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+        ]
+    )
 
 
 class VisionHandler(BaseHandler, ABC):
