@@ -213,7 +213,7 @@ ENVELOPES: dict[str, type[BaseEnvelope]] = {
 
 
 def apply_envelope(service: Any, name: str) -> None:
-    """Wrap ``service``'s entry point in the envelope ``name`` (TorchServe's ``service_envelope``)."""
+    """Wrap ``service``'s entry point in the envelope ``name`` (TorchServe's service_envelope)."""
     envelope = ENVELOPES.get(name)
     if envelope is None:
         raise HandlerLoadError(

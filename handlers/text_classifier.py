@@ -54,7 +54,7 @@ class TextClassifier(TextHandler):
             raise RuntimeError(f"{type(self).__name__}.initialize has not loaded the vocabulary")
         token_ids: list[int] = []
         offsets: list[int] = []
-        self.input_text = []  # each row's n-grams, for explanations
+        self.input_text = []  # each row's n-grams, for explanations (get_insights)
         for row in data:
             grams = list(ngrams_iterator(self._clean(self._row_text(row)), self.ngrams))
             self.input_text.append(grams)
@@ -83,7 +83,7 @@ class TextClassifier(TextHandler):
             )
         token_ids, offsets = tensor_data
         ends = [*offsets.tolist()[1:], len(token_ids)]
-        words = self.input_text or []
+        words: list[list[str]] = self.input_text or []
         return [
             {
                 "words": self.get_word_token(words[i] if i < len(words) else []),

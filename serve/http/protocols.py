@@ -3,8 +3,9 @@
 Open Inference Protocol v2 (``/v2``): server metadata, liveness, readiness, model metadata and
 readiness, ``infer`` with the binary tensor extension and ``explain`` (KServe's explainer route:
 the same request, with the ``explain: True`` header a handler's ``explain_handle`` looks for),
-each with an optional ``/versions/{v}``. The frontend parses and checks OIP requests into raw tensors
-(``serve.wire.oip``) and the worker batches them across requests (``serve/worker/tensor_path.py``).
+each with an optional ``/versions/{v}``. The frontend parses and checks OIP requests into raw
+tensors (``serve.wire.oip``) and the worker batches them across requests
+(``serve/worker/tensor_path.py``).
 
 KServe v1 / TF Serving (``/v1``): ``GET /v1/models``, ``GET /v1/models/{m}[/versions/{v}]``
 (KServe's ``{"name", "ready"}`` merged with TF Serving's ``model_version_status``), and

@@ -452,8 +452,8 @@ def _run_torchserve(
                     tensors = result_tensors(answer, default_name)
                     answers[p.index] = _bundle(p, tensors, context.model_name)
                 else:
-                    body, content_type = encode_output(value)
-                    answers[p.index] = _ok(body, content_type)
+                    raw, content_type = encode_output(value)
+                    answers[p.index] = _ok(raw, content_type or "application/json")
             except Exception as exc:
                 answers[p.index] = _failure(p.req, exc)
     return timings
