@@ -148,6 +148,17 @@ def test_a_handler_reading_the_v2_body_over_grpc_oip(
     seen = json.loads(raw[4:])  # BYTES: a 4-byte length, then the element
     assert seen == {"id": "grpc-1", "model_name": "v2body", "keys": ["id", "inputs", "model_name"]}
 
+    with grpc.insecure_channel(server.grpc_inference) as channel:  # and through the envelope
+        stub = ts.open_inference_grpc_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="v2env", id="grpc-2")
+        tensor = request.inputs.add(name="x", datatype="INT32", shape=[2])
+        tensor.contents.int_contents.extend([3, 4])
+        reply = stub.ModelInfer(request, timeout=60)
+    assert reply.id == "grpc-2"
+    # The envelope's datatype is numpy's for the handler's Python floats, as in TorchServe.
+    assert [(o.name, o.datatype, list(o.shape)) for o in reply.outputs] == [("x", "FP64", [2])]
+    np.testing.assert_array_equal(np.frombuffer(reply.raw_output_contents[0], "<f8"), [6, 8])
+
 
 def test_the_worker_runs_in_the_model_directory(server: LanternServer) -> None:
     resp = httpx.post(f"{server.inference}/predictions/process", content=b"x", timeout=60)
