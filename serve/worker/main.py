@@ -150,7 +150,7 @@ def enter_model_dir(spec: WorkerSpec) -> WorkerSpec:
 
 def load(spec: WorkerSpec) -> tuple[Any, Any]:
     """Build the context and load the handler named by the spec (or its manifest), wrapped in
-    the spec's ``service_envelope`` if it names one (else the model-config.yaml's)."""
+    the model-config.yaml's ``service_envelope`` if it names one, else the server's."""
     from handlers.compat import install_ts_alias
     from handlers.context import Context
     from handlers.metrics import MetricsStore, read_metrics_yaml
@@ -176,7 +176,7 @@ def load(spec: WorkerSpec) -> tuple[Any, Any]:
         num_threads=spec.num_threads,
     )
     service = load_service(spec.model_dir, spec.manifest, context, handler=spec.handler)
-    envelope = spec.envelope or (spec.model_yaml_config or {}).get("service_envelope")
+    envelope = (spec.model_yaml_config or {}).get("service_envelope") or spec.envelope
     if envelope:
         apply_envelope(service, str(envelope))
     return service, context

@@ -134,8 +134,9 @@ def run(
         _add(timings, result.timings)
         metrics.extend(result.metrics)
 
-    as_torchserve = torchserve_rows.wants_torchserve_rows(service, context)
     model = None if getattr(service, "envelope", None) else adapter(service)
+    # A fast-path model keeps its tensors (its explanations included) whatever it asks for.
+    as_torchserve = model is None and torchserve_rows.wants_torchserve_rows(service, context)
     fast: list[Pending] = []
     custom: list[Pending] = []
     mark = time.perf_counter()
@@ -147,7 +148,7 @@ def run(
             answers[i] = _json_answer(_metadata(model, context))
             continue
         try:
-            pending = _decode(i, req, kind, as_torchserve and model is None)
+            pending = _decode(i, req, kind, as_torchserve)
         except ServeError as exc:
             answers[i] = ErrorItem.of(exc, req.request_id)
             continue
