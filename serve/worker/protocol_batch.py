@@ -24,7 +24,7 @@
   ``protocol_inputs: torchserve``, gets the requests as TorchServe gives them instead: one row
   ``{"body": request JSON}`` per request (`serve.worker.torchserve_rows`), and a v2 answer is its
   v2 response object (``{"outputs": [...]}``). An envelope's handler is called once per request:
-  TorchServe's envelopes read only the batch's first row. Such a model takes no fast path.
+  TorchServe's envelopes read only the batch's first row. A fast-path model keeps its fast path.
 * Regular requests that share the batch run through ``fallback`` (the worker's ``run_items``).
 """
 
@@ -134,8 +134,9 @@ def run(
         _add(timings, result.timings)
         metrics.extend(result.metrics)
 
-    model = None if getattr(service, "envelope", None) else adapter(service)
-    # A fast-path model keeps its tensors (its explanations included) whatever it asks for.
+    model = adapter(service)
+    # A fast-path model keeps its tensors (its explanations included), envelope or not: it needs
+    # no handler code, and a server-wide service_envelope must not take its batching away.
     as_torchserve = model is None and torchserve_rows.wants_torchserve_rows(service, context)
     fast: list[Pending] = []
     custom: list[Pending] = []
