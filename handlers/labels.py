@@ -48,7 +48,9 @@ def map_class_to_label(
 ) -> list[dict[str, Any]]:
     """Per row, ``{label: prob}``; labels from ``mapping``, else the class index as a string.
 
-    A class missing from the mapping falls back to its index (TorchServe raises KeyError).
+    A class missing from the mapping raises KeyError, as TorchServe's does (a request then
+    answers 500): a label file numbered from 1 for a model whose classes start at 0 is an error
+    to see, not a label ``"0"`` to guess. Empty ``probs`` give ``[]`` (TorchServe: IndexError).
     """
     if not isinstance(probs, list):
         raise TypeError("Convert classes to list before doing mapping")
@@ -60,7 +62,11 @@ def map_class_to_label(
 
     def label(cls: Any) -> str:
         key = str(cls)
-        return mapping.get(key, key) if mapping is not None else key
+        if mapping is None:
+            return key
+        if key not in mapping:
+            raise KeyError(f"class {key} has no label in {LABEL_FILE}")
+        return mapping[key]
 
     return [
         {label(cls): prob for cls, prob in zip(classes, row, strict=False)}

@@ -1,9 +1,11 @@
 """Request envelopes: wrappers that reshape a batch before a handler sees it and its results after
 (TorchServe's ``ts.torch_handler.request_envelope``: ``body``, ``json``, ``kserve``, ``kservev2``).
 
-Lantern's own ``/v1`` and ``/v2`` routes do not need them (``service_envelope`` is ignored), but a
-handler that builds one itself (``self.handle = JSONEnvelope(self.handle).handle``) works as it
-does in TorchServe.
+``service_envelope`` (config.properties, or a model's model-config.yaml) wraps the handler's entry
+point in one, as TorchServe's model loader does, for every request the model gets
+(``apply_envelope``); the ``/v1`` and ``/v2`` routes then give such a handler the request JSON as
+TorchServe does (``serve/worker/protocol_batch.py``). A handler that builds one itself
+(``self.handle = JSONEnvelope(self.handle).handle``) works as it does in TorchServe.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 from base64 import b64decode
 from collections.abc import Callable
 from typing import Any
+
+from handlers.exceptions import HandlerLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -198,3 +202,22 @@ class KServev2Envelope(BaseEnvelope):
             "datatype": _to_datatype(array.dtype),
             "data": array.flatten().tolist(),
         }
+
+
+ENVELOPES: dict[str, type[BaseEnvelope]] = {
+    "body": BodyEnvelope,
+    "json": JSONEnvelope,
+    "kserve": KServeEnvelope,
+    "kservev2": KServev2Envelope,
+}
+
+
+def apply_envelope(service: Any, name: str) -> None:
+    """Wrap ``service``'s entry point in the envelope ``name`` (TorchServe's service_envelope)."""
+    envelope = ENVELOPES.get(name)
+    if envelope is None:
+        raise HandlerLoadError(
+            f"unknown service_envelope {name!r}; use one of {', '.join(sorted(ENVELOPES))}"
+        )
+    service.entry_point = envelope(service.entry_point).handle
+    service.envelope = name

@@ -85,6 +85,7 @@ class Service:
     module: ModuleType
     handler: Any = None  # the handler instance (class style) or None (function style)
     function_name: str | None = field(default=None)
+    envelope: str | None = None  # the service_envelope wrapping entry_point, if any
 
     def predict(self, batch: list, ctx: Context | None = None) -> list:
         """Call the handler on ``batch``; the result must be a list with one item per request."""

@@ -23,7 +23,7 @@ class TextHandler(BaseHandler, ABC):
         super().__init__()
         self.source_vocab: Vocab | None = None
         self.tokenizer = text_processing.basic_english
-        self.input_text = None
+        self.input_text: Any = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)

@@ -66,6 +66,8 @@ class Config:
     number_of_gpu: int | None = None
     cpu_affinity: bool = False
     decode_input_request: bool = True
+    # TorchServe's request envelope for every model's handler (handlers/request_envelope.py).
+    service_envelope: str | None = None
     limit_max_image_pixels: bool = True
     blacklist_env_vars: str | None = None
     log_dir: str = "logs"
@@ -171,6 +173,8 @@ class Config:
                 raise ConfigError(f"Config '{key}': {exc}") from None
         if self.http_server not in ("auto", "hypercorn", "uvicorn"):
             raise ConfigError("Config 'http_server' must be 'auto', 'hypercorn' or 'uvicorn'")
+        if self.service_envelope not in (None, "", "body", "json", "kserve", "kservev2"):
+            raise ConfigError("Config 'service_envelope' must be body, json, kserve or kservev2")
         if self.log_format not in ("text", "json"):
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -327,7 +331,6 @@ _TS_IGNORED = {
     "disable_system_metrics",
     "enable_envvars_config",
     "models",
-    "service_envelope",
     "use_env_allowed_urls",
 }
 _TS_RENAMED = {"default_response_timeout": "default_response_timeout"}

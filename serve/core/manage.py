@@ -9,7 +9,7 @@ puts the same text in ``ManagementResponse.msg`` (``serve/grpc/management.py``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,15 +48,21 @@ def require_model_api(config: Config) -> None:
         raise MethodNotAllowed(MODEL_API_OFF)
 
 
-def list_models(registry: Registry, limit: int | None, next_page_token: int | None) -> Any:
+def list_models(
+    registry: Registry,
+    limit: int | None,
+    next_page_token: int | None,
+    hidden: Collection[str] = (),
+) -> Any:
     """One page of ``{"nextPageToken"?, "models": [...]}``, as TorchServe's ApiUtils.getModelList.
 
-    Out-of-range values fall back, they do not fail.
+    Out-of-range values fall back, they do not fail. ``hidden`` names are left out: workflows'
+    function nodes, which TorchServe does not list either (their model nodes are listed).
     """
     if limit is None or limit <= 0 or limit > 100:  # 0 too: a page of nothing would never advance
         limit = 100
     offset = max(next_page_token or 0, 0)
-    names = sorted(registry.models)
+    names = sorted(n for n in registry.models if n not in hidden)
     body: dict[str, Any] = {}
     if offset + limit < len(names):
         body["nextPageToken"] = str(offset + limit)

@@ -288,6 +288,7 @@ class ModelVersion:
             preload=self._frameworks(),
             start_nice=self.config.worker_start_nice,
             server_version=__version__,
+            envelope=self.config.service_envelope or None,
         )
 
     def threads_per_worker(self) -> int:

@@ -43,7 +43,8 @@ def create_management_app(state: ServerState) -> Starlette:
     async def list_models(request: Request) -> Response:
         limit = parse_int(request.query_params, "limit", 100)
         token = parse_int(request.query_params, "next_page_token", 0)
-        return json_response(manage.list_models(registry, limit, token))
+        hidden = state.workflows.function_nodes() if state.workflows is not None else ()
+        return json_response(manage.list_models(registry, limit, token, hidden))
 
     async def register(request: Request) -> Response:
         manage.require_model_api(config)

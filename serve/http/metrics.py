@@ -1,4 +1,5 @@
-"""The metrics API (port 8082): Prometheus text on ``GET /metrics``."""
+"""The metrics API (port 8082): Prometheus text on ``GET /metrics``, and its OpenAPI description
+on ``OPTIONS /`` (as TorchServe's metrics port answers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serve.http.common import EXCEPTION_HANDLERS, ServerState
+from serve.http.common import EXCEPTION_HANDLERS, ServerState, json_response
+from serve.http.openapi import metrics_description
 from serve.metrics.exposition import CONTENT_TYPE
 
 
@@ -19,5 +21,11 @@ def create_metrics_app(state: ServerState) -> Starlette:
         body = state.metrics.exposition(names or None)
         return Response(body, media_type=CONTENT_TYPE)
 
-    routes = [Route("/metrics", metrics, methods=["GET"])]
+    async def describe_api(request: Request) -> Response:
+        return json_response(metrics_description(state.version))
+
+    routes = [
+        Route("/", describe_api, methods=["OPTIONS"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
     return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)

@@ -1,4 +1,4 @@
-"""OpenAPI 3.0.1 descriptions of the inference and management APIs (``OPTIONS /``)."""
+"""OpenAPI 3.0.1 descriptions of the inference, management and metrics APIs (``OPTIONS /``)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,27 @@ _INFERENCE: list[tuple[Any, ...]] = [
         "Open Inference Protocol infer.",
         [],
         [400, 404, 429, 500, 503, 504],
+    ),
+    (
+        "post",
+        "/v2/models/{model_name}/explain",
+        "oip_explain",
+        "Open Inference Protocol explain (KServe's explainer route).",
+        [],
+        [400, 404, 429, 500, 501, 503, 504],
+    ),
+]
+
+# The metrics port's one route, as TorchServe describes it there.
+_METRICS: list[tuple[Any, ...]] = [
+    ("options", "/", "apiDescription", "Get the API description.", [], []),
+    (
+        "get",
+        "/metrics",
+        "metrics",
+        "Metrics in the Prometheus text format; name[] selects metric families.",
+        ["name[]"],
+        [500],
     ),
 ]
 
@@ -312,6 +333,7 @@ _BODIES: dict[str, dict[str, Any]] = {
     "version_explanations": _ANY_BODY,
     "kserve_v1_predict": _V1_BODY,
     "oip_infer": _OIP_BODY,
+    "oip_explain": _OIP_BODY,
 }
 
 
@@ -349,3 +371,7 @@ def inference_description(version: str) -> dict[str, Any]:
 
 def management_description(version: str) -> dict[str, Any]:
     return _build("Lantern Management API", version, _MANAGEMENT)
+
+
+def metrics_description(version: str) -> dict[str, Any]:
+    return _build("Lantern Metrics API", version, _METRICS)

@@ -1,9 +1,11 @@
 """KServe v1, TF-Serving-style and Open Inference Protocol v2 routes on the inference port.
 
 Open Inference Protocol v2 (``/v2``): server metadata, liveness, readiness, model metadata and
-readiness, and ``infer`` with the binary tensor extension, each with an optional
-``/versions/{v}``. The frontend parses and checks OIP requests into raw tensors
-(``serve.wire.oip``) and the worker batches them across requests (``serve/worker/tensor_path.py``).
+readiness, ``infer`` with the binary tensor extension and ``explain`` (KServe's explainer route:
+the same request, with the ``explain: True`` header a handler's ``explain_handle`` looks for),
+each with an optional ``/versions/{v}``. The frontend parses and checks OIP requests into raw
+tensors (``serve.wire.oip``) and the worker batches them across requests
+(``serve/worker/tensor_path.py``).
 
 KServe v1 / TF Serving (``/v1``): ``GET /v1/models``, ``GET /v1/models/{m}[/versions/{v}]``
 (KServe's ``{"name", "ready"}`` merged with TF Serving's ``model_version_status``), and
@@ -40,6 +42,7 @@ from serve.wire import (
     MAX_ELEMENTS_HEADER,
     METADATA,
     OIP,
+    OIP_ID_HEADER,
     OUTPUTS_HEADER,
     PARAMETERS_HEADER,
     PROTOCOL_HEADER,
@@ -77,6 +80,7 @@ def protocol_routes(state: ServerState) -> list[BaseRoute]:
             Route(prefix, api.model_metadata, methods=["GET"]),
             Route(prefix + "/ready", api.model_ready, methods=["GET"]),
             Route(prefix + "/infer", api.infer, methods=["POST"]),
+            Route(prefix + "/explain", api.explain, methods=["POST"]),
         ]
     v1 = [
         Route("/models", api.list_models, methods=["GET"]),
@@ -252,6 +256,13 @@ class _Protocols:
 
     @_protocol_errors
     async def infer(self, request: Request) -> Response:
+        return await self._infer(request, explain=False)
+
+    @_protocol_errors
+    async def explain(self, request: Request) -> Response:
+        return await self._infer(request, explain=True)
+
+    async def _infer(self, request: Request, explain: bool) -> Response:
         rid = request_id(request)
         path = request.path_params
         name, version = path["model"], path.get("version")
@@ -263,6 +274,8 @@ class _Protocols:
             limit = self.state.config.max_request_elements
             infer = await run_sized(len(body), oip.parse_request, body, length, limit)
             headers = _forward_headers(request, OIP)
+            if explain:
+                headers["explain"] = "True"
             timeout = _timeout(request, infer.timeout_us)
             # Look again: the default version may have moved (a swap) while the body was read.
             model = self.registry.get(name, version)
@@ -396,6 +409,8 @@ def oip_item(rid: str, headers: dict[str, str], infer: oip.InferRequest) -> Batc
         headers[OUTPUTS_HEADER] = json.dumps(infer.output_names)
     if infer.parameters:
         headers[PARAMETERS_HEADER] = json.dumps(infer.parameters)
+    if infer.id:
+        headers[OIP_ID_HEADER] = infer.id
     params: list[tuple[str, str | None, bytes]] = [
         (t.name, tensor_content_type(t.datatype, t.shape), bytes(t.raw)) for t in infer.inputs
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 PROTOCOL_HEADER = "x-lantern-protocol"
 OUTPUTS_HEADER = "x-lantern-outputs"
 PARAMETERS_HEADER = "x-lantern-parameters"
+OIP_ID_HEADER = "x-lantern-oip-id"  # the OIP request's own "id", for a handler given its JSON
 MAX_ELEMENTS_HEADER = "x-lantern-max-elements"  # KServe v1: max_request_elements, for the worker
 OIP = "oip"
 KSERVE_V1 = "kserve-v1"

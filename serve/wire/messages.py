@@ -71,6 +71,7 @@ class WorkerSpec:
     preload: list[str] = field(default_factory=list)  # frameworks to import at low priority
     start_nice: int = 0
     server_version: str = ""  # the frontend's serve.__version__, for the handler's context
+    envelope: str | None = None  # TorchServe's service_envelope: json, body, kserve, kservev2
     socket: str = ""
     worker_id: str = ""
     shm_bytes: int = 0  # the shared-memory arena's size; 0: none (serve.wire.shm)

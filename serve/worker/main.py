@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from serve import __version__
@@ -128,11 +129,32 @@ def _gpu_memory(spec: WorkerSpec) -> int | None:
         return None
 
 
+def enter_model_dir(spec: WorkerSpec) -> WorkerSpec:
+    """Run in the model's directory, as TorchServe's workers do: a handler's relative paths
+    (``os.path.isfile("vocab.txt")``) name the archive's files. The spec's paths are made
+    absolute first; ``PYTHONPATH`` gains the model directory too, as TorchServe sets it, so the
+    processes a handler starts import its modules as it does."""
+    model_dir = os.path.abspath(spec.model_dir)
+    absolute = replace(
+        spec,
+        model_dir=model_dir,
+        metrics_config=os.path.abspath(spec.metrics_config) if spec.metrics_config else None,
+        dependency_path=os.path.abspath(spec.dependency_path) if spec.dependency_path else None,
+    )
+    if os.path.isdir(model_dir):
+        os.chdir(model_dir)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, model_dir])
+    return absolute
+
+
 def load(spec: WorkerSpec) -> tuple[Any, Any]:
-    """Build the context and load the handler named by the spec (or its manifest)."""
+    """Build the context and load the handler named by the spec (or its manifest), wrapped in
+    the model-config.yaml's ``service_envelope`` if it names one, else the server's."""
     from handlers.compat import install_ts_alias
     from handlers.context import Context
     from handlers.metrics import MetricsStore, read_metrics_yaml
+    from handlers.request_envelope import apply_envelope
     from handlers.service import load_service
 
     if spec.dependency_path:  # install_py_dep_per_model: the model's own packages first
@@ -154,6 +176,9 @@ def load(spec: WorkerSpec) -> tuple[Any, Any]:
         num_threads=spec.num_threads,
     )
     service = load_service(spec.model_dir, spec.manifest, context, handler=spec.handler)
+    envelope = (spec.model_yaml_config or {}).get("service_envelope") or spec.envelope
+    if envelope:
+        apply_envelope(service, str(envelope))
     return service, context
 
 
@@ -340,6 +365,7 @@ def main(argv: list[str]) -> int:
         spec = WorkerSpec.decode(argv[1])
     _setup_logging(spec.log_level.upper())
     conn = Connection(spec.socket, spec.shm_bytes)
+    spec = enter_model_dir(spec)
     conn.send(Frame(MsgType.HELLO, 0, {"worker_id": spec.worker_id, "pid": os.getpid()}))
     try:
         _pin_cpus(spec)

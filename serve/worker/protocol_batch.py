@@ -20,6 +20,11 @@
 
   Request headers reach the handler as usual; ``x-lantern-parameters`` holds the OIP request's
   ``parameters`` as JSON.
+* A handler wrapped in a ``service_envelope``, or whose model-config.yaml says
+  ``protocol_inputs: torchserve``, gets the requests as TorchServe gives them instead: one row
+  ``{"body": request JSON}`` per request (`serve.worker.torchserve_rows`), and a v2 answer is its
+  v2 response object (``{"outputs": [...]}``). An envelope's handler is called once per request:
+  TorchServe's envelopes read only the batch's first row. A fast-path model keeps its fast path.
 * Regular requests that share the batch run through ``fallback`` (the worker's ``run_items``).
 """
 
@@ -52,6 +57,7 @@ from serve.wire.kserve_v1 import V1Request
 from serve.wire.messages import BatchResult, ErrorItem, PredictItem, ResultItem
 from serve.wire.tensor_params import Tensor, encode_bundle, is_tensor_param, tensor_from_param
 from serve.wire.tensors import array_from_json, bf16_to_float32, datatype_of
+from serve.worker import torchserve_rows
 
 logger = logging.getLogger("serve.worker")
 
@@ -73,6 +79,7 @@ class Pending:
     kind: str
     tensors: dict[str, Tensor] | None = None
     v1: V1Request | None = None
+    v1_json: Any = None  # a v1 request's JSON, for a handler given TorchServe's rows
 
     @property
     def explain(self) -> bool:
@@ -128,6 +135,9 @@ def run(
         metrics.extend(result.metrics)
 
     model = adapter(service)
+    # A fast-path model keeps its tensors (its explanations included), envelope or not: it needs
+    # no handler code, and a server-wide service_envelope must not take its batching away.
+    as_torchserve = model is None and torchserve_rows.wants_torchserve_rows(service, context)
     fast: list[Pending] = []
     custom: list[Pending] = []
     mark = time.perf_counter()
@@ -139,7 +149,7 @@ def run(
             answers[i] = _json_answer(_metadata(model, context))
             continue
         try:
-            pending = _decode(i, req, kind)
+            pending = _decode(i, req, kind, as_torchserve)
         except ServeError as exc:
             answers[i] = ErrorItem.of(exc, req.request_id)
             continue
@@ -156,7 +166,9 @@ def run(
     # BaseHandler decides explain-or-predict from the batch's first request: never mix them.
     for explain in (False, True):
         group = [p for p in custom if p.explain == explain]
-        if group:
+        if group and as_torchserve:
+            _add(timings, _run_torchserve(service, context, group, answers))
+        elif group:
             _add(timings, _run_custom(service, context, group, answers))
 
     timings["handler"] = time.perf_counter() - started
@@ -213,7 +225,7 @@ def _metadata(model: ModelAdapter | None, context: Any) -> dict[str, Any]:
     }
 
 
-def _decode(index: int, req: PredictItem, kind: str) -> Pending:
+def _decode(index: int, req: PredictItem, kind: str, as_json: bool = False) -> Pending:
     pending = Pending(index, req, kind)
     if kind == OIP:
         tensors: dict[str, Tensor] = {}
@@ -226,6 +238,9 @@ def _decode(index: int, req: PredictItem, kind: str) -> Pending:
         bodies = [raw for name, _, raw in req.params if name == "body"]
         if len(bodies) != 1:
             raise BadRequest("a KServe v1 request needs one JSON body")
+        if as_json:
+            pending.v1_json = torchserve_rows.v1_request(bodies[0])
+            return pending
         limit = req.headers.get(MAX_ELEMENTS_HEADER)
         pending.v1 = kserve_v1.parse_predict(bodies[0], int(limit) if limit else None)
     return pending
@@ -392,6 +407,58 @@ def _run_custom(
         except Exception as exc:
             answers[p.index] = _failure(p.req, exc)
     return dict(getattr(context, "handler_timings", None) or {})
+
+
+def _run_torchserve(
+    service: Any, context: Any, batch: list[Pending], answers: list[Answer | None]
+) -> dict[str, float]:
+    """TorchServe's rows: ``{"body": request JSON}``; an envelope's handler one request a call."""
+    from handlers.context import RequestProcessor
+    from handlers.output import encode_output
+
+    groups = [[p] for p in batch] if getattr(service, "envelope", None) else [batch]
+    timings: dict[str, float] = {}
+    config = getattr(context, "model_yaml_config", None) or {}
+    declared = tensor_models.declared_specs(config, "outputs") or []
+    default_name = declared[0].name if declared else "output0"
+    for group in groups:
+        rows = []
+        for p in group:
+            if p.kind == OIP:
+                assert p.tensors is not None
+                body = torchserve_rows.v2_request(p.tensors, p.req.headers, context.model_name)
+            else:
+                body = p.v1_json
+            rows.append({"body": body})
+        context.request_ids = {i: p.req.request_id for i, p in enumerate(group)}
+        context.request_processor = [RequestProcessor(p.req.headers) for p in group]
+        context.handler_timings = {}
+        try:
+            results = service.predict(rows, context)
+        except Exception as exc:
+            code, kind, message = report_failure(exc, [p.req.request_id for p in group], logger)
+            for p in group:
+                answers[p.index] = ErrorItem(code, kind, message, p.req.request_id)
+            _add(timings, dict(getattr(context, "handler_timings", None) or {}))
+            continue
+        _add(timings, dict(getattr(context, "handler_timings", None) or {}))
+        for i, (p, value) in enumerate(zip(group, results, strict=True)):
+            status = context.request_processor[i].get_response_status_code()
+            try:
+                if status is not None and status >= 400:
+                    answers[p.index] = ErrorItem(
+                        status, "HandlerError", _message(value), p.req.request_id
+                    )
+                elif p.kind == OIP:
+                    answer = torchserve_rows.v2_response(value)
+                    tensors = result_tensors(answer, default_name)
+                    answers[p.index] = _bundle(p, tensors, context.model_name)
+                else:
+                    raw, content_type = encode_output(value)
+                    answers[p.index] = _ok(raw, content_type or "application/json")
+            except Exception as exc:
+                answers[p.index] = _failure(p.req, exc)
+    return timings
 
 
 def _message(value: Any) -> str:

@@ -313,6 +313,15 @@ class Workflows:
             store_name=wf.url,
         )
 
+    def function_nodes(self) -> set[str]:
+        """The registered model names of every workflow's function nodes (not model nodes)."""
+        return {
+            model
+            for wf in self.workflows.values()
+            for node, model in wf.models.items()
+            if not wf.spec.is_model(node)
+        }
+
     async def unregister(self, name: str) -> Workflow:
         """Remove the workflow, then its node models (their queued requests finish first)."""
         wf = self.workflows.pop(self.get(name).name)

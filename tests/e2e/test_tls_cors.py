@@ -171,6 +171,9 @@ def test_all_three_ports_serve_the_pem_certificate(
             "echo"
         )
         assert "ts_inference_requests_total" in client.get(f"{pem_server.metrics}/metrics").text
+        # OPTIONS / describes the metrics port's API over HTTPS too, as TorchServe's does.
+        described = client.options(f"{pem_server.metrics}/").json()
+        assert "get" in described["paths"]["/metrics"]
     # Plain HTTP on an https port is refused; a client that trusts nothing refuses the server.
     plain = pem_server.inference.replace("https://", "http://")
     with pytest.raises(httpx.HTTPError):
@@ -270,6 +273,7 @@ def test_keystore_with_uvicorn_on_all_three_ports(
         )
         assert listed.json()["models"][0]["modelName"] == "echo"
         assert client.get(f"{keystore_server.metrics}/metrics").status_code == 200
+        assert client.options(f"{keystore_server.metrics}/").status_code == 200  # no token
         answer = client.post(
             f"{keystore_server.inference}/predictions/echo",
             content=b"hi",

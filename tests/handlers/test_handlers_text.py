@@ -93,3 +93,38 @@ def test_tokenizer_and_ngrams_match_torchtext():
     ]
     assert list(ngrams_iterator(["a", "b", "c"], 2)) == ["a", "b", "c", "a b", "b c"]
     assert expand_contractions("I can't've, Don't") == "I cannot have, Do not"
+
+
+def test_explanations_name_the_words_that_decide(text_service):
+    # TorchServe's shape, one per row: {"words": [...], "importances": [...]}, one number a word.
+    service, ctx = text_service
+    batch = [{"data": "good movie", "target": 1}, {"body": "awful, bad movie"}]
+    set_batch(ctx, batch, [{"explain": "True"}, {"explain": "True"}])
+    results = service.predict(batch, ctx)
+    assert [r["words"] for r in results] == [
+        ["good", "movie", "good movie"],
+        ["awful", "bad", "movie", "awful bad", "bad movie"],
+    ]
+    for result in results:
+        assert set(result) == {"words", "importances"}
+        assert len(result["importances"]) == len(result["words"])
+    # Class 1 (positive) is all "good"; the batch's target is its first row's, as TorchServe
+    # reads it, and nothing in the second row speaks for class 1.
+    assert results[0]["importances"] == pytest.approx([1.0, 0.0, 0.0])
+    assert results[1]["importances"] == pytest.approx([0.0] * 5)
+
+    batch = [{"body": "awful, bad movie"}]  # no target: class 0 (negative)
+    set_batch(ctx, batch, [{"explain": "True"}])
+    (result,) = service.predict(batch, ctx)
+    half = 0.5**0.5
+    assert result["importances"] == pytest.approx([half, half, 0.0, 0.0, 0.0])
+
+
+def test_explanations_need_an_embedding_bag(text_service):
+    service, ctx = text_service
+    service.handler.model.embedding = torch.nn.Identity()
+    batch = [{"data": "good"}]
+    set_batch(ctx, batch, [{"explain": "True"}])
+    with pytest.raises(PredictionException) as info:
+        service.predict(batch, ctx)
+    assert info.value.error_code == 501

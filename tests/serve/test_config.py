@@ -80,3 +80,13 @@ def test_model_settings_layering_and_camel_case() -> None:
     call = archive.merged({"batch_size": 4})
     assert call.batch_size == 4 and call.min_workers == 2
     assert ModelSettings(response_timeout=10).effective_hard_timeout == 20
+
+
+def test_service_envelope_from_properties(tmp_path: Path) -> None:
+    props = tmp_path / "config.properties"
+    props.write_text("service_envelope=kservev2\n")
+    assert Config.load(ts_config_file=props, env={}).service_envelope == "kservev2"
+    assert Config.load(env={}).service_envelope is None
+    props.write_text("service_envelope=soap\n")
+    with pytest.raises(ConfigError, match="service_envelope"):
+        Config.load(ts_config_file=props, env={})
