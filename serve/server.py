@@ -100,8 +100,8 @@ class Server:
         if self.state.auth is not None:
             for kind in ("inference", "management"):
                 apps[kind] = TokenGuard(apps[kind], self.state.auth, kind)
+        apps = _with_console(apps, self.config)  # its page's files are open; the rest guarded
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
-        apps = _with_console(apps, self.config)
         apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
         # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.

@@ -1,6 +1,6 @@
 """The console: a static page on the management port (``console_path``, ``/console`` by default).
 
-`ConsoleMount` wraps the management app as the listener serves it (token guard and CORS inside):
+`ConsoleMount` wraps the management app inside CORS and outside its token guard:
 
 * ``GET {path}/`` and the page's files are answered here, without a token: they hold no data and
   no secret (the page asks for the tokens and keeps them in the tab's memory);

@@ -128,3 +128,25 @@ def test_console_path_moves_or_removes_the_console(
 def test_a_console_path_must_be_a_path(path: str) -> None:
     with pytest.raises(ConfigError, match="console_path"):
         Config.from_mapping({"console_path": path})
+
+
+def test_the_console_answers_with_the_configured_cors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test(lantern: Lantern) -> None:
+        for path in ("/console/", "/console/inference/ping", "/console/metrics"):
+            answer = await lantern.management.get(path)
+            assert answer.status_code == 200, path
+            assert answer.headers["access-control-allow-origin"] == "https://ops.example", path
+
+    serve(tmp_path, monkeypatch, test, cors_allowed_origin="https://ops.example")
+
+
+def test_register_from_the_console_obeys_enable_model_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test(lantern: Lantern) -> None:
+        refused = await lantern.management.post("/models?url=echo.mar&model_name=again")
+        assert refused.status_code == 405
+
+    serve(tmp_path, monkeypatch, test)
