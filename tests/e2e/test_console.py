@@ -270,3 +270,39 @@ def test_api_docs_send_a_request(
     assert '"modelName": "echo"' in text(browser, f"{route} pre.answer")
     assert browser.find_elements(By.CSS_SELECTOR, '#docs [data-api="inference"] details.route')
     browser.save_screenshot(str(artifacts / "api-docs.png"))
+
+
+def test_the_pages_own_arithmetic(browser: Any, server: LanternServer) -> None:
+    """Percentiles as Prometheus's histogram_quantile computes them, rates between two scrapes,
+    and SSE events split across network chunks."""
+    open_console(browser, server, None)
+    got = browser.execute_script(
+        """const M = LanternMetrics;
+        const text = (n, fast, slow) => [
+          '# HELP serve_requests_total x',
+          `serve_requests_total{model="m",status="200",version="1"} ${n}`,
+          `serve_requests_total{model="m",status="503",version="1"} ${slow}`,
+          `serve_request_duration_seconds_bucket{le="0.01",model="m",version="1"} ${fast}`,
+          `serve_request_duration_seconds_bucket{le="0.1",model="m",version="1"} ${n + slow}`,
+          `serve_request_duration_seconds_bucket{le="+Inf",model="m",version="1"} ${n + slow}`,
+        ].join('\\n');
+        const before = M.summarise(M.parse(text(10, 10, 0)));
+        const after = M.summarise(M.parse(text(110, 60, 20)));
+        const events = [];
+        const feed = LanternChat.sseReader((d) => events.push(d));
+        feed('data: {"a"'); feed(':1}\\n'); feed('\\ndata: [DONE]\\r\\n\\r\\n');
+        return {q: M.quantile(0.5, {"0.1": 10, "0.2": 30, "+Inf": 30}),
+                inf: M.quantile(0.99, {"1": 5, "+Inf": 10}),
+                rows: M.between(before, after, 2), events,
+                text: LanternChat.deltaText('{"choices":[{"delta":{"content":"hi"}}]}')};"""
+    )
+    assert got["q"] == pytest.approx(0.125)  # rank 15 of 30: a quarter into (0.1, 0.2]
+    assert got["inf"] == 1  # in the +Inf bucket: the highest finite bound, as Prometheus
+    row = got["rows"]["m"]
+    assert row["rate"] == pytest.approx(60)  # (110 + 20 − 10) / 2 s
+    assert row["errors"] == pytest.approx(10)
+    # 120 new requests, 50 of them in 10 ms, 70 in (10, 100] ms: linear inside that bucket.
+    assert row["p50"] == pytest.approx(10 + 90 * 10 / 70)
+    assert row["p99"] == pytest.approx(10 + 90 * 68.8 / 70)
+    assert got["events"] == ['{"a":1}', "[DONE]"]
+    assert got["text"] == "hi"
