@@ -307,6 +307,19 @@ def _order(row: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _charts(data: dict[str, Any], path: Path) -> None:
+    """The run's charts beside its JSON (bench/plots.py), when matplotlib is installed."""
+    from bench.plots import write_charts
+
+    try:
+        written = write_charts(data, path.parent, path.stem)
+    except ImportError:
+        print("charts: pip install matplotlib to draw them")
+        return
+    for chart in written:
+        print(f"chart: {chart}")
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -418,4 +431,5 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"bench-{mode}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"meta": meta, "results": rows, "bar": bar}, indent=1))
     print(f"\nJSON: {path}")
+    _charts({"meta": meta, "results": rows}, path)
     return 0

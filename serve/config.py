@@ -124,6 +124,8 @@ class Config:
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
+    # The console (serve/http/console.py) on the management port; "" or null turns it off.
+    console_path: str | None = "/console"
     # gRPC (serve/grpc), TorchServe's keys; addresses are IPs, ports separate (0 picks a free one).
     enable_grpc: bool = True
     grpc_inference_address: str = "127.0.0.1"
@@ -179,6 +181,10 @@ class Config:
             raise ConfigError("Config 'log_format' must be 'text' or 'json'")
         if str(self.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("Config 'log_level' must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if self.console_path and (
+            not self.console_path.startswith("/") or self.console_path.rstrip("/") == ""
+        ):
+            raise ConfigError("Config 'console_path' must be a path such as /console, or empty")
         if self.worker_spares < 0:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
         if not 0 <= self.worker_start_nice <= 19:

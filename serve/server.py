@@ -100,6 +100,7 @@ class Server:
         if self.state.auth is not None:
             for kind in ("inference", "management"):
                 apps[kind] = TokenGuard(apps[kind], self.state.auth, kind)
+        apps = _with_console(apps, self.config)  # its page's files are open; the rest guarded
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
         apps = self._answer_grpc_clients(apps)
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
@@ -409,3 +410,14 @@ def _with_cors(apps: dict[str, Any], config: Config) -> dict[str, Any]:
     if policy is None:
         return apps
     return {name: policy.wrap(app) for name, app in apps.items()}
+
+
+def _with_console(apps: dict[str, Any], config: Config) -> dict[str, Any]:
+    """The console on the management port, over the guarded apps (serve/http/console.py)."""
+    if not config.console_path:
+        return apps
+    from serve.http.console import ConsoleMount
+
+    metrics = apps["metrics"] if config.enable_metrics_api else None
+    console = ConsoleMount(apps["management"], apps["inference"], metrics, config.console_path)
+    return {**apps, "management": console}

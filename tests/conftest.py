@@ -28,3 +28,11 @@ def kitten() -> bytes:
 @pytest.fixture(scope="session")
 def coffee() -> bytes:
     return (DATA / "coffee.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """``@pytest.mark.anyio`` tests run on asyncio, the loop Lantern runs on. anyio's own fixture
+    would add trio wherever trio is installed (selenium, for the console's browser tests, pulls
+    it in), and nothing here is written for trio."""
+    return "asyncio"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any
 import click
 
 from serve import __version__
-from serve.cli import control, server_record
+from serve.cli import control, server_record, waiting
 from serve.cli.control import CliError
 from serve.cli.foreground import DETACHED_ENV, run_foreground
 from serve.cli.startup_report import EXIT_USAGE
@@ -204,22 +205,41 @@ def _start_background(config: Config, state_file: Path, wait_timeout: float) -> 
             start_new_session=True,
             env={**os.environ, DETACHED_ENV: "1"},
         )
-    deadline = time.monotonic() + wait_timeout
-    while time.monotonic() < deadline:
-        code = proc.poll()
-        if code is not None:
-            lines = control.startup_exit_lines(console_log, offset)
-            raise CliError("\n".join(lines or ["Lantern exited during startup."]), code or 1)
-        record = server_record.read(state_file)
-        if record is not None and record.data.get("started"):
-            health = control.ping(record.addresses["inference"], control.ssl_context(record))
-            lines = control.started_outcome(record, health, log_dir.resolve())
-            click.echo("\n".join(lines))
-            return
-        time.sleep(0.2)
+    started = time.monotonic()
+    deadline = started + wait_timeout
+    line = waiting.StatusLine()  # which model it waits for, on a terminal only
+    expected = waiting.expected_names(config.load_models)
+    try:
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                line.clear()
+                lines = control.startup_exit_lines(console_log, offset)
+                raise CliError("\n".join(lines or ["Lantern exited during startup."]), code or 1)
+            record = server_record.read(state_file)
+            if record is not None and record.data.get("started"):
+                line.clear()
+                health = control.ping(record.addresses["inference"], control.ssl_context(record))
+                lines = control.started_outcome(record, health, log_dir.resolve())
+                click.echo("\n".join(lines))
+                return
+            if line.due():
+                line.show(_waiting_line(record, expected, log_dir, time.monotonic() - started))
+            time.sleep(0.2)
+    finally:
+        line.clear()
     raise CliError(
         f"Lantern (pid {proc.pid}) is not healthy after {wait_timeout:g} s; see {log_dir}."
     )
+
+
+def _waiting_line(
+    record: server_record.Record | None, expected: list[str], log_dir: Path, elapsed: float
+) -> str:
+    described = waiting.describe_all(record) if record is not None else {}
+    pending = waiting.pending(expected, described, waiting.pip_lines(log_dir / "model_log.log"))
+    width = shutil.get_terminal_size((100, 20)).columns - 1
+    return waiting.status_line(pending, elapsed, width)
 
 
 def _strip_pid_file(args: list[str]) -> list[str]:

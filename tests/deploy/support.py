@@ -31,6 +31,7 @@ CUSTOM_KINDS = {
     ("serving.kserve.io", "ClusterServingRuntime"): "clusterservingruntimes.serving.kserve.io",
     ("keda.sh", "ScaledObject"): "scaledobjects.keda.sh",
     ("monitoring.coreos.com", "ServiceMonitor"): "servicemonitors.monitoring.coreos.com",
+    ("monitoring.coreos.com", "PrometheusRule"): "prometheusrules.monitoring.coreos.com",
 }
 KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091}
 
