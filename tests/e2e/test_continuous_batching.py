@@ -4,7 +4,8 @@ Two archives of the tiny causal LM built in code (tests/support/generation_fixtu
 built-in ``text_generation`` handler in its one-step-per-``handle`` mode, and a stand-in of
 TorchServe 0.12's inferentia2 continuous-batching example handler (tests/e2e/torchserve_examples).
 A long request streams; a late one joins its running batch at the next step, leaves when it is
-done, and both streams' greedy tokens equal ``generate``'s.
+done, and both streams' greedy tokens equal ``generate``'s. A third archive, a stand-in of the
+inferentia2 streamer example, streams ``generate`` through ``ts.handler_utils.hf_batch_streamer``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterato
         },
         extra_files=files,
     )
-    srv = LanternServer(root, store, ["tg=tg.mar", "tscb=tscb.mar"])
+    build_archive(
+        store,
+        "streamer",
+        EXAMPLES / "hf_streamer_handler.py",
+        config={**COMMON, "batchSize": 1, "handler": {"max_new_tokens": 20}},
+        extra_files=files,
+    )
+    srv = LanternServer(root, store, ["tg=tg.mar", "tscb=tscb.mar", "streamer=streamer.mar"])
     srv.start(timeout=300)
     yield srv
     srv.stop()
@@ -76,6 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterato
 
 def reference(model_dir: Path, prompt: str, n: int) -> list[int]:
     """Greedy tokens of transformers' own ``generate``, EOS ignored."""
+    torch.set_num_threads(1)  # a small model: more threads only wait on each other when loaded
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids = torch.tensor([tokenizer.encode(prompt)])
@@ -192,3 +201,19 @@ def test_torchserve_style_handler_steps_joins_and_leaves(
     assert [row["tokens"][0] for row in late_rows] == reference(
         model_dir, "a model server answers", 4
     )
+
+
+def test_hf_batch_streamer_parts_make_the_generated_text(
+    server: LanternServer, model_dir: Path
+) -> None:
+    url = f"{server.inference}/predictions/streamer"
+    parts: list[bytes] = []
+    with httpx.stream("POST", url, content=b"the quick brown fox", timeout=120) as response:
+        assert response.status_code == 200
+        assert "content-length" not in response.headers  # chunked: answered in parts
+        parts.extend(response.iter_raw())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    expected = tokenizer.decode(
+        reference(model_dir, "the quick brown fox", 20), skip_special_tokens=True
+    )
+    assert b"".join(parts).decode() == expected
