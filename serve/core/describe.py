@@ -31,7 +31,7 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
         "parallelType": "",
         "parallelLevel": 0,
         "deviceType": s.device_type or ("gpu" if any(w["gpu"] for w in workers) else "cpu"),
-        "continuousBatching": model.sequences.continuous,  # only with sequenceBatching
+        "continuousBatching": model.sequences.continuous,  # with or without sequences
         "useJobTicket": False,
         "useVenv": False,
         # Sequence batching (serve.core.sequences); all 0 for a model without, as in TorchServe.

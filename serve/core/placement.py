@@ -6,6 +6,9 @@ worker states, draining. Each policy's decision is a pure function over (waiting
 views, now) that is table-tested on its own:
 
 * `serve.core.batching.BatchPlacement`: dynamic batching over one FIFO (`plan_batches`);
+* `serve.core.continuous.ContinuousPlacement`: continuous batching, one step per batch, that
+  carries unfinished requests into their worker's next step and lets new ones join it
+  (`plan_continuous`);
 * `serve.core.sequences.SequencePlacement`: sequence affinity for stateful models, and its
   continuous variant that carries unfinished requests into the worker's next batch
   (`plan_sequence_batches`);

@@ -17,13 +17,13 @@ answer is complete; the worker marks a partial answer ``ts_stream_next: true``),
 that is not complete goes back to the worker in every following batch, with its headers but no
 input, until it is. That is how a later request of the sequence can cancel an earlier one (the
 handler decides what cancels). A ``ts_request_sequence_end`` response header (sequence ids,
-``;``-separated) closes those sequences.
+``;``-separated) closes those sequences. The carrying is shared with plain continuous batching
+(``continuousBatching`` alone: `serve.core.continuous`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -35,9 +35,12 @@ from typing import Any
 
 from serve.config import ModelSettings
 from serve.core.batching import arm_deadline
+from serve.core.continuous import STREAM_NEXT_HEADER as STREAM_NEXT_HEADER
+from serve.core.continuous import CarriedJobs, ContinuousPlacement, goes_on
+from serve.core.continuous import header as _header
 from serve.core.dispatcher import Dispatcher, WorkerSource
-from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, Job, WorkerState
-from serve.core.placement import Answer, Plan, WorkerView
+from serve.core.jobs import LIVE_STATES, BatchOutcome, Job, WorkerState
+from serve.core.placement import Answer, Placement, Plan, WorkerView
 from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import (
     BadRequest,
@@ -55,13 +58,8 @@ logger = logging.getLogger(__name__)
 SEQUENCE_ID_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
 SEQUENCE_START_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
 SEQUENCE_END_HEADER = os.environ.get("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
-# A response header the worker sets from the handler's stopping criteria: "true" while the
-# request's answer goes on (TorchServe's RequestInput.TS_STREAM_NEXT).
-STREAM_NEXT_HEADER = "ts_stream_next"
-
 # Settings of TorchServe 0.12 that Lantern does not implement: refused at registration, never
-# silently ignored. continuousBatching is supported only with sequenceBatching (TorchServe's
-# "sequence continuous batching"); alone it is refused.
+# silently ignored.
 _UNSUPPORTED = {
     "useJobTicket": "job tickets",
 }
@@ -98,7 +96,9 @@ class SequenceSettings:
     max_sequence_job_queue_size: int = 0  # queued requests per sequence
     sequence_max_idle_msec: int = 0  # a sequence with no request for this long is closed
     sequence_timeout_msec: int = 0  # a sequence older than this takes no more requests; 0: never
-    continuous: bool = False  # continuousBatching too: TorchServe's sequence continuous batching
+    # continuousBatching: with sequences TorchServe's sequence continuous batching, alone plain
+    # continuous batching (`serve.core.continuous`; the other fields are then 0).
+    continuous: bool = False
 
     @classmethod
     def from_config(
@@ -107,7 +107,7 @@ class SequenceSettings:
         """The settings in a model-config.yaml mapping, with TorchServe's rules applied."""
         check_supported_settings(values)
         if not _flag(values, "sequenceBatching"):
-            return cls()
+            return cls(continuous=_flag(values, "continuousBatching"))
         return cls(
             enabled=True,
             # TorchServe: at least one sequence per batch slot of every worker.
@@ -129,11 +129,6 @@ def check_supported_settings(values: Mapping[str, Any]) -> None:
                 f"{key}: true is not supported by Lantern ({what}); remove it from the model's "
                 "configuration."
             )
-    if _flag(values, "continuousBatching") and not _flag(values, "sequenceBatching"):
-        raise BadRequest(
-            "continuousBatching: true is supported by Lantern only with sequenceBatching: true "
-            "(sequence continuous batching); remove it from the model's configuration."
-        )
     for key in (
         "maxNumSequence",
         "maxSequenceJobQueueSize",
@@ -384,13 +379,7 @@ class SequencePlacement:
         self.table = SequenceTable(settings)
         self.capacity = self.table.capacity
         self.continuous = settings.continuous
-        # Continuous batching. Per worker: its carried requests waiting for its next batch, in
-        # the order they came; and the ids of every carried job, waiting or running.
-        self._carried: dict[str, list[Job]] = {}
-        self._on_worker: set[int] = set()
-        self._none_carried = asyncio.Event()  # set while ``_on_worker`` is empty
-        self._none_carried.set()
-        self._cut = False  # set once a drain's time is up: carry nothing more
+        self.carried = CarriedJobs()  # continuous batching: the requests carried per worker
 
     def __len__(self) -> int:
         return len(self.table)
@@ -414,12 +403,14 @@ class SequencePlacement:
     def plan(self, workers: Sequence[WorkerView], now: float, settings: ModelSettings) -> Plan:
         free = [w.worker_id for w in workers if w.state is WorkerState.READY]
         live = [w.worker_id for w in workers if w.state in LIVE_STATES]
-        self._fail_carried_off(live)
-        carried = {w: len(jobs) for w, jobs in self._carried.items()} if self.continuous else None
+        for orphan in self.carried.orphans(live):  # carried on a worker that left: never ends
+            rid = orphan.item.request_id
+            self._finish(orphan, WorkerDied(f"Its worker left before request {rid} ended."))
+        carried = self.carried.counts() if self.continuous else None
         chosen = plan_sequence_batches(self.table.views(), free, live, settings.batch_size, carried)
         plan = Plan()
         for worker_id, seq_ids in chosen.items():
-            jobs = self._carried.pop(worker_id, [])
+            jobs = self.carried.take(worker_id)
             jobs += [job for s in seq_ids if (job := self.table.take(s, worker_id)) is not None]
             if jobs:
                 plan.batches.append((worker_id, jobs))
@@ -428,8 +419,8 @@ class SequencePlacement:
     def put_back(self, worker_id: str, jobs: list[Job]) -> None:
         # New jobs go back to their sequences; carried ones were in the worker, which is gone,
         # and so is their state.
-        carried = [job for job in jobs if id(job) in self._on_worker]
-        fresh = [job for job in jobs if id(job) not in self._on_worker]
+        carried = [job for job in jobs if self.carried.holds(job)]
+        fresh = [job for job in jobs if not self.carried.holds(job)]
         for job in carried:
             rid = job.item.request_id
             self._finish(job, WorkerDied(f"Worker {worker_id} left before request {rid} ended."))
@@ -450,9 +441,12 @@ class SequencePlacement:
             answer.headers.setdefault(SEQUENCE_ID_HEADER, job.item.headers[SEQUENCE_ID_HEADER])
             if self.continuous:
                 ended += _ended_sequences(answer.headers)
-                if (_header(answer.headers, STREAM_NEXT_HEADER) or "").lower() == "true":
+                if goes_on(answer.headers):
                     job.push_chunk(answer)
-                    self._carry(worker_id, job)
+                    if not self.carried.carry(worker_id, job):
+                        self._finish(
+                            job, ShuttingDown("The model was unloaded before it completed.")
+                        )
                     continue
             job.resolve(answer)
             self._finish(job)
@@ -477,44 +471,17 @@ class SequencePlacement:
 
     def fail_waiting(self, error: ServeError) -> None:
         self.table.fail_all(error)
-        carried, self._carried = self._carried, {}
-        for jobs in carried.values():
-            for job in jobs:
-                self._finish(job, error)
+        for job in self.carried.take_all():
+            self._finish(job, error)
 
     async def drain_carried(self, timeout: float) -> None:
-        if self._on_worker:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._none_carried.wait(), timeout)
-        self._cut = True
-
-    def _carry(self, worker_id: str, job: Job) -> None:
-        if self._cut:
-            self._finish(job, ShuttingDown("The model was unloaded before it completed."))
-            return
-        # Sent again with its headers only, as TorchServe re-sends a request whose answer goes
-        # on (the handler keeps its input).
-        job.item = BatchItem(job.item.request_id, job.item.headers, [])
-        job.arrived = time.monotonic()  # its queue wait for the next step starts now
-        self._carried.setdefault(worker_id, []).append(job)
-        self._on_worker.add(id(job))
-        self._none_carried.clear()
-
-    def _fail_carried_off(self, live: Sequence[str]) -> None:
-        """Carried requests of a worker that left service can never complete: answer them."""
-        for worker_id in [w for w in self._carried if w not in live]:
-            for job in self._carried.pop(worker_id):
-                self._finish(
-                    job, WorkerDied(f"Its worker left before request {job.item.request_id} ended.")
-                )
+        await self.carried.drain(timeout)
 
     def _finish(self, job: Job, error: ServeError | None = None) -> None:
         """A job leaves the worker for good (answered already, or now with ``error``)."""
         if error is not None:
             job.fail(error)
-        self._on_worker.discard(id(job))
-        if not self._on_worker:
-            self._none_carried.set()
+        self.carried.release(job)
         self.table.finished(job.item.headers[SEQUENCE_ID_HEADER])
 
 
@@ -527,8 +494,13 @@ def make_dispatcher(
     *,
     on_outcome: Callable[[list[Job], BatchOutcome], None] | None = None,
 ) -> Dispatcher:
-    """The dispatcher of a model version: sequence placement with sequence batching, else plain."""
-    placement = SequencePlacement(sequences) if sequences.enabled else None
+    """The dispatcher of a model version: sequence placement with sequence batching, continuous
+    placement with continuous batching alone, else plain batching."""
+    placement: Placement | None = None
+    if sequences.enabled:
+        placement = SequencePlacement(sequences)
+    elif sequences.continuous:
+        placement = ContinuousPlacement(settings().job_queue_size)
     return Dispatcher(name, version, source, settings, placement, on_outcome=on_outcome)
 
 
@@ -536,11 +508,3 @@ def _ended_sequences(headers: Mapping[str, str]) -> list[str]:
     """The sequences a ``ts_request_sequence_end`` response header closes."""
     ended = _header(headers, SEQUENCE_END_HEADER)
     return [s.strip() for s in ended.split(";") if s.strip()] if ended else []
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None:
-        lowered = name.lower()
-        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
-    return value.strip() if isinstance(value, str) and value.strip() else None

@@ -116,9 +116,9 @@ class Built:
         _wheel(src, "lantern_tiny_lru", "0.1", TINY_LRU)
         (src / "requirements.txt").write_text("./lantern_tiny_lru-0.1-py3-none-any.whl\n")
         (src / "bad-requirements.txt").write_text("./not-there-0.1-py3-none-any.whl\n")
-        # continuousBatching without sequenceBatching: plain continuous batching, not supported
-        # (with sequenceBatching it is: tests/e2e/test_sequence_continuous.py).
-        (src / "continuous.yaml").write_text("continuousBatching: true\nbatchSize: 2\n")
+        # useJobTicket: not supported, refused (continuousBatching alone is supported since:
+        # tests/e2e/test_continuous_batching.py).
+        (src / "jobticket.yaml").write_text("useJobTicket: true\nbatchSize: 2\n")
 
         def archive(name: str, *flags: str) -> None:
             real_archiver(
@@ -140,8 +140,8 @@ class Built:
                 "--config-file", "stateful.yaml")  # fmt: skip
         archive("baddeps", *mnist, "--handler", "mnist_handler.py",
                 "--requirements-file", "bad-requirements.txt")  # fmt: skip
-        archive("continuous", *mnist, "--handler", "stateful_handler.py",
-                "--config-file", "continuous.yaml")  # fmt: skip
+        archive("jobticket", *mnist, "--handler", "stateful_handler.py",
+                "--config-file", "jobticket.yaml")  # fmt: skip
         self.properties = root / "config.properties"
         self.properties.write_text(
             "metrics_mode=prometheus\n"
@@ -354,10 +354,10 @@ def test_failing_dependencies_refuse_registration(server: ThreadedLantern):
 
 
 def test_unsupported_settings_are_refused_at_registration(server: ThreadedLantern):
-    response = server.client("management").post("/models?url=continuous.mar")
+    response = server.client("management").post("/models?url=jobticket.mar")
     assert response.status_code == 400
-    assert "continuousBatching" in response.json()["message"]
-    assert "only with sequenceBatching" in response.json()["message"]
+    assert "useJobTicket" in response.json()["message"]
+    assert "not supported by Lantern (job tickets)" in response.json()["message"]
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ SHIM_MODULES = {
     "ts.context",
     "ts.version",
     "ts.handler_utils",
+    "ts.handler_utils.hf_batch_streamer",
     "ts.handler_utils.micro_batching",
     "ts.handler_utils.text_utils",
     "ts.handler_utils.timer",

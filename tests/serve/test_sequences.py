@@ -56,7 +56,6 @@ def test_settings_follow_torchserve_rules() -> None:
 @pytest.mark.parametrize(
     ("yaml", "message"),
     [
-        ({"continuousBatching": True}, "only with sequenceBatching"),
         (
             {
                 "sequenceBatching": True,
@@ -239,7 +238,7 @@ class SequenceDispatcher(Dispatcher):
 
     @property
     def _carried(self) -> dict[str, list[Job]]:
-        return self.placement._carried
+        return self.placement.carried.waiting
 
 
 def make(workers: list[FakeWorker], **yaml: object) -> SequenceDispatcher:
