@@ -605,6 +605,7 @@ class Registry:
         await model.stop()
         _cleanup(model.source)
         logger.info("Unregistered model %s version %s", name, model.version)
+        self._forget_model(name)
         self.changed()
         return model
 
@@ -621,6 +622,16 @@ class Registry:
                 self._per_worker.pop((model.name, model.version), None)
         await model.stop()
         _cleanup(model.source)
+        self._forget_model(model.name)
+
+    def _forget_model(self, name: str) -> None:
+        """Once ``name``'s last version is gone (and answered what it had accepted), drop what
+        the metrics keep of it; a name registered again meanwhile keeps its series."""
+        if name in self.models:
+            return
+        self.swaps.pop(name, None)
+        if self.metrics is not None:
+            self.metrics.model_removed(name)
 
     async def drain(self, timeout: float) -> None:
         """Let every model finish its queued and running work, then refuse the rest."""
