@@ -13,7 +13,11 @@ and more for 6 MB on a loaded machine), and the Python-level conversion after it
 the GIL with the loop (the loop's every system call waits for it again). A client looping 6 MB
 bodies held a neighbour model's p99 at 3.8 s that way; in a process the loop only reads the body
 and hands it over (``python -m bench.bigjson``). The process starts on the first big body and
-is started again if it dies (a decode that crashed it fails with a 500, not the server).
+is started again if it dies (a decode that crashed it fails with a 500, not the server). It is
+a ``spawn`` process: it imports the frontend's main module again (as multiprocessing does), which
+``python -m serve.cli`` and the ``serve`` script allow; a program embedding the server keeps its
+start-up under ``if __name__ == "__main__":``. A 5 MB FP32 body within the limits took 0.54 s
+in the thread and 0.56 s in the process on the loaded 2-core machine: the hop costs little.
 """
 
 from __future__ import annotations
