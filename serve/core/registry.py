@@ -299,7 +299,7 @@ class Registry:
                 started=started,
             )
         finally:
-            self._keep(promise)
+            self._release(promise)
 
     async def _start_version(
         self,
@@ -351,7 +351,7 @@ class Registry:
             try:
                 await model.scale(workers, model_settings.max_workers, wait=synchronous)
             finally:
-                self._keep(promise)
+                self._release(promise)
         except ServeError as exc:
             await self._remove(model)
             self.record_failure(name, version, exc.message)
@@ -401,7 +401,7 @@ class Registry:
 
         The host memory they were admitted with is promised to them at once, so that the next
         admission counts it although they have not started: the caller hands the `_Promise`
-        back to `_keep` once the version has added their slots (a slot still starting counts
+        back to `_release` once the version has added their slots (a slot still starting counts
         its promise itself).
         """
         if not self.config.memory_admission or workers <= 0:
@@ -410,7 +410,7 @@ class Registry:
         try:
             await self._admit_gpus(name, version, workers, settings)
         except BaseException:
-            self._keep(promise)
+            self._release(promise)
             raise
         return promise
 
@@ -502,7 +502,7 @@ class Registry:
         entry = self.models.get(key[0])
         return entry.versions.get(key[1]) if entry else None
 
-    def _keep(self, promise: _Promise | None) -> None:
+    def _release(self, promise: _Promise | None) -> None:
         """Drop a promise: its slots exist now (they count for themselves) or never will."""
         if promise is not None and promise in self._promises:
             self._promises.remove(promise)
@@ -544,7 +544,7 @@ class Registry:
         try:
             await model.scale(min_worker, max_worker, wait=synchronous)
         finally:
-            self._keep(promise)
+            self._release(promise)
             self.changed()  # the new count stands even when some workers failed to start
         return model
 
