@@ -113,8 +113,9 @@ def declared_elements(body: bytes | memoryview) -> int:
 
     Counted only where it is certain: each ``inputs[i].shape`` key outside any string (a head
     with a backslash, where strings may hold escaped quotes, counts nothing), the last of an
-    input's shapes if it has several, as `_check_elements` counts them after a full parse. So a
-    body refused for this is one the full parse would refuse too (or find malformed).
+    input's shapes if it has several (and of the last ``inputs``), as `_check_elements` counts
+    them after a full parse. So a body refused for this is one the full parse would refuse too
+    (or find malformed), short of a document that repeats ``inputs`` past the head.
     """
     head = bytes(body[:PRESCAN_BYTES])
     if b"\\" in head:
@@ -135,6 +136,8 @@ def declared_elements(body: bytes | memoryview) -> int:
                 stack.append((text, last_string))
                 if text == b"{" and _in_inputs(stack[:-1]):
                     entries += 1
+                elif _in_inputs(stack):  # another "inputs" list: the last one counts
+                    shapes.clear()
             elif stack:
                 stack.pop()
         else:

@@ -26,6 +26,7 @@ def doc(*inputs: dict, **fields: object) -> bytes:
         (doc({"name": "x", "shape": [5]}, outputs=[{"name": "shape", "shape": [99]}]), 5),
         (b'{"x": {"inputs": [{"shape": [999]}]}, "inputs": [{"shape": [3]}]}', 3),
         (b'{"inputs": [{"name": "x", "shape": [5], "shape": [7]}]}', 7),  # the last one counts
+        (b'{"inputs": [{"shape": [99]}], "inputs": [{"shape": [2]}]}', 2),  # here too
         (b'{"inputs": [{"name": "{[", "data": [" shape ", "x"], "shape": [4]}]}', 4),
         # strings with escapes may hide quotes: nothing is certain, nothing is counted
         (b'{"inputs": [{"name": "\\"shape\\": [999]", "shape": [5]}]}', 0),
