@@ -54,14 +54,15 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _process_executor() -> concurrent.futures.ProcessPoolExecutor:
+    """The decoding process, started (and up) on first use: call it off the event loop."""
     global _processes
     with _processes_lock:
         if _processes is None:
             # spawn, not fork: the frontend has threads and an event loop a fork would copy.
             context = multiprocessing.get_context("spawn")
-            _processes = concurrent.futures.ProcessPoolExecutor(
-                DECODE_PROCESSES, mp_context=context
-            )
+            pool = concurrent.futures.ProcessPoolExecutor(DECODE_PROCESSES, mp_context=context)
+            pool.submit(int).result()  # the process starts on a first call: have it up now
+            _processes = pool
         return _processes
 
 
@@ -85,7 +86,9 @@ async def run_big(size: int, func: Callable[..., T], *args: object) -> T:
     a module-level function, and its arguments, result and errors must pickle."""
     if size < PROCESS_MIN:
         return await run_sized(size, func, *args)
-    pool = _process_executor()
+    pool = _processes
+    if pool is None:
+        pool = await asyncio.to_thread(_process_executor)
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, func, *args)
     except BrokenProcessPool:
