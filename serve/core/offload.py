@@ -61,7 +61,11 @@ def _process_executor() -> concurrent.futures.ProcessPoolExecutor:
             # spawn, not fork: the frontend has threads and an event loop a fork would copy.
             context = multiprocessing.get_context("spawn")
             pool = concurrent.futures.ProcessPoolExecutor(DECODE_PROCESSES, mp_context=context)
-            pool.submit(int).result()  # the process starts on a first call: have it up now
+            try:
+                pool.submit(int).result()  # the process starts on a first call: have it up now
+            except BrokenProcessPool:
+                pool.shutdown(wait=False)
+                raise ServeError("The request decoder could not start.") from None
             _processes = pool
         return _processes
 
