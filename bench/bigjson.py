@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-bigjson"))
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     store = build_store(args.work)
     bodies = big_bodies()
@@ -192,6 +193,11 @@ def main() -> None:
             f"{name:<6} {r:>5} {load:<11} {res['p50_ms']:>8.1f} {res['p99_ms']:>8.1f} "
             f"{res['max_ms']:>8.1f}  {res['statuses']} {res['big']}"
         )
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"bigjson-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    records = [{"tree": n, "round": r, "load": load, **res} for n, r, load, res in rows]
+    out.write_text(json.dumps(records, indent=1, default=str))
+    print(f"\n{out}")
 
 
 if __name__ == "__main__":
