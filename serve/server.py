@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from serve import __version__
 from serve.cli.startup_report import StartupReport
 from serve.config import Config, host_port
+from serve.core import offload
 from serve.core.model import WorkerFactory, spawn_worker
 from serve.core.registry import Registry
 from serve.http.access_log import AccessLog
@@ -158,6 +159,7 @@ class Server:
             if grpc_servers is not None:
                 await grpc_servers.wait_stopped()
             await self.registry.stop()
+            await asyncio.to_thread(offload.shutdown)  # the decoding process, if one started
             if self.state.workflows is not None:
                 self.state.workflows.close()
             for sock in sockets.values():

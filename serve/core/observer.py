@@ -26,5 +26,8 @@ class Observer(Protocol):
     def worker_recycled(self, model: str, version: str, reason: str) -> None:
         """A healthy worker was replaced on purpose (``reason``: ``memory``, its RSS cap)."""
 
+    def model_removed(self, model: str) -> None:
+        """The last version of ``model`` is gone: forget every series labelled with it."""
+
     async def gpu_samples(self) -> list[GpuSample]:
         """The latest GPU readings (shared with the scrapes); empty where there are none."""

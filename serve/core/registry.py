@@ -23,7 +23,7 @@ from serve.config import Config, ModelSettings
 from serve.core import admission
 from serve.core.devices import visible_gpus
 from serve.core.host import process_rss
-from serve.core.jobs import WorkerState
+from serve.core.jobs import LIVE_STATES, WorkerState
 from serve.core.model import ModelSource, ModelVersion, WorkerFactory, spawn_worker
 from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
@@ -128,6 +128,10 @@ class Registry:
         self.failure_counts: dict[tuple[str, str], int] = {}
         self.load_seconds: dict[tuple[str, str], float] = {}
         self.swaps: dict[str, int] = {}
+        # Memory admission's promises (see `_admit_host`): what one worker of a version was
+        # admitted with, and the worker counts admitted that are not (all) started yet.
+        self._per_worker: dict[tuple[str, str], int] = {}
+        self._promises: list[_Promise] = []
 
     # ----- lookups ---------------------------------------------------------------------
 
@@ -275,11 +279,44 @@ class Registry:
             need = await self._need(name, model_settings, source.model_dir)
             if need.source == "estimated" and synchronous and workers > 1:
                 first = 1
-            await self._admit(name, version, first, need, model_settings)
+            promise = await self._admit(name, version, first, need, model_settings)
         except InsufficientMemory as exc:
             _cleanup(source)
             self.record_failure(name, version, exc.message)
             raise
+        try:
+            return await self._start_version(
+                name,
+                version,
+                source,
+                model_settings,
+                workers,
+                first,
+                synchronous=synchronous,
+                loaded_at_startup=loaded_at_startup,
+                make_default=make_default,
+                store_name=store_name,
+                started=started,
+            )
+        finally:
+            self._release(promise)
+
+    async def _start_version(
+        self,
+        name: str,
+        version: str,
+        source: ModelSource,
+        model_settings: ModelSettings,
+        workers: int,
+        first: int,
+        *,
+        synchronous: bool,
+        loaded_at_startup: bool,
+        make_default: bool,
+        store_name: str | None,
+        started: float,
+    ) -> ModelVersion:
+        """`add_source` once its first workers are admitted: the version and its workers."""
         async with self._lock:
             entry = self.models.get(name)
             if entry is not None and version in entry.versions:
@@ -306,11 +343,15 @@ class Registry:
             self._archives[(name, version)] = store_name or source.url
         logger.info("Registered model %s version %s from %s", name, version, source.url)
         try:
+            promise = None
             if first < workers:
                 await model.scale(first, model_settings.max_workers, wait=True)
                 more = self._measured(name, model_settings)
-                await self._admit(name, version, workers - first, more, model_settings)
-            await model.scale(workers, model_settings.max_workers, wait=synchronous)
+                promise = await self._admit(name, version, workers - first, more, model_settings)
+            try:
+                await model.scale(workers, model_settings.max_workers, wait=synchronous)
+            finally:
+                self._release(promise)
         except ServeError as exc:
             await self._remove(model)
             self.record_failure(name, version, exc.message)
@@ -354,13 +395,24 @@ class Registry:
         workers: int,
         need: admission.Need,
         settings: ModelSettings,
-    ) -> None:
+    ) -> _Promise | None:
         """Raise `InsufficientMemory` (507) unless ``workers`` more workers fit, in host memory
-        and, for a GPU model whose GPU use is known, on its GPUs."""
+        and, for a GPU model whose GPU use is known, on its GPUs.
+
+        The host memory they were admitted with is promised to them at once, so that the next
+        admission counts it although they have not started: the caller hands the `_Promise`
+        back to `_release` once the version has added their slots (a slot still starting counts
+        its promise itself).
+        """
         if not self.config.memory_admission or workers <= 0:
-            return
-        self._admit_host(name, version, workers, need)
-        await self._admit_gpus(name, version, workers, settings)
+            return None
+        promise = self._admit_host(name, version, workers, need)
+        try:
+            await self._admit_gpus(name, version, workers, settings)
+        except BaseException:
+            self._release(promise)
+            raise
+        return promise
 
     async def _admit_gpus(
         self, name: str, version: str, workers: int, settings: ModelSettings
@@ -405,15 +457,55 @@ class Registry:
         ]
         return admission.Need(max(held), "measured") if held else None
 
-    def _admit_host(self, name: str, version: str, workers: int, need: admission.Need) -> None:
-        used = sum(process_rss(pid) or 0 for mv in self.all_versions() for pid in worker_pids(mv))
-        headroom = admission.host_headroom(used, self.config.worker_memory_limit_mb)
+    def _admit_host(self, name: str, version: str, workers: int, need: admission.Need) -> _Promise:
+        """Decide and promise in one step (no await between): two admissions running side by
+        side each see what the other was promised."""
+        headroom = admission.host_headroom(self._committed(), self.config.worker_memory_limit_mb)
         reserve = self.config.memory_reserve_mb * admission.MIB
         what = f'model "{name}" version {version}'
         decision = admission.decide(what, workers, need, headroom, reserve)
         if not decision.admitted:
             logger.error("Admission refused: %s", decision.message)
             raise InsufficientMemory(decision.message)
+        key = (name, version)
+        model = self._version(key)
+        self._per_worker[key] = max(self._per_worker.get(key, 0) if model else 0, need.per_worker)
+        target = (active_workers(model) if model else 0) + workers
+        promise = _Promise(key, target, need.per_worker)
+        self._promises.append(promise)
+        return promise
+
+    def _committed(self) -> int:
+        """Bytes the workers use or were promised: a loaded worker counts its RSS; one still
+        starting (or one whose RSS cannot be read) at least what it was admitted with; workers
+        admitted whose slots do not exist yet, what they were admitted with."""
+        total = 0
+        for mv in self.all_versions():
+            promised = self._per_worker.get((mv.name, mv.version), 0)
+            for w in mv.workers():
+                if w.state == WorkerState.DEAD:
+                    continue
+                rss = process_rss(w.pid) if w.pid else None
+                if rss and w.state in LIVE_STATES:
+                    total += rss
+                elif not w.retiring:
+                    total += max(rss or 0, promised)
+                else:
+                    total += rss or 0
+        for promise in self._promises:
+            model = self._version(promise.key)
+            started = active_workers(model) if model else 0
+            total += max(0, promise.target - started) * promise.per_worker
+        return total
+
+    def _version(self, key: tuple[str, str]) -> ModelVersion | None:
+        entry = self.models.get(key[0])
+        return entry.versions.get(key[1]) if entry else None
+
+    def _release(self, promise: _Promise | None) -> None:
+        """Drop a promise: its slots exist now (they count for themselves) or never will."""
+        if promise is not None and promise in self._promises:
+            self._promises.remove(promise)
 
     # ----- failures --------------------------------------------------------------------
 
@@ -445,12 +537,14 @@ class Registry:
             raise BadRequest("max_worker cannot be less than min_worker.")
         model = self.get(name, version)
         added = min_worker - active_workers(model)
+        promise = None
         if added > 0:
             measured = self._measured(name, model.settings)
-            await self._admit(model.name, model.version, added, measured, model.settings)
+            promise = await self._admit(model.name, model.version, added, measured, model.settings)
         try:
             await model.scale(min_worker, max_worker, wait=synchronous)
         finally:
+            self._release(promise)
             self.changed()  # the new count stands even when some workers failed to start
         return model
 
@@ -506,10 +600,12 @@ class Registry:
                 del self.models[name]
             self._archives.pop((name, model.version), None)
             self.load_seconds.pop((name, model.version), None)
+            self._per_worker.pop((name, model.version), None)
         await model.drain(self.config.unregister_model_timeout)
         await model.stop()
         _cleanup(model.source)
         logger.info("Unregistered model %s version %s", name, model.version)
+        self._forget_model(name)
         self.changed()
         return model
 
@@ -523,8 +619,19 @@ class Registry:
                 elif entry.default_version == model.version:
                     entry.default_version = next(iter(entry.versions))
                 self._archives.pop((model.name, model.version), None)
+                self._per_worker.pop((model.name, model.version), None)
         await model.stop()
         _cleanup(model.source)
+        self._forget_model(model.name)
+
+    def _forget_model(self, name: str) -> None:
+        """Once ``name``'s last version is gone (and answered what it had accepted), drop what
+        the metrics keep of it; a name registered again meanwhile keeps its series."""
+        if name in self.models:
+            return
+        self.swaps.pop(name, None)
+        if self.metrics is not None:
+            self.metrics.model_removed(name)
 
     async def drain(self, timeout: float) -> None:
         """Let every model finish its queued and running work, then refuse the rest."""
@@ -577,6 +684,16 @@ class Registry:
             if versions:
                 models[entry.name] = versions
         return {"modelCount": len(models), "models": models}
+
+
+@dataclass(eq=False)
+class _Promise:
+    """Host memory admitted to a version's workers before their slots exist: the version is
+    to run ``target`` workers, each admitted with ``per_worker`` bytes."""
+
+    key: tuple[str, str]
+    target: int
+    per_worker: int
 
 
 def worker_pids(model: ModelVersion) -> list[int]:

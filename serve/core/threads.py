@@ -73,6 +73,8 @@ class ThreadBudget:
     ) -> None:
         self._models = models
         self.cores = cores or usable_cores()
+        # The share each version was last told: `rebalance` tells only those whose share moved.
+        self._told: dict[str, int] = {}
 
     def shares(self) -> dict[str, int]:
         return budget_threads(self.cores, [m.thread_demand() for m in self._models()])
@@ -86,9 +88,18 @@ class ThreadBudget:
         return budget_threads(self.cores, demands)[model.thread_demand().key]
 
     def rebalance(self) -> None:
-        """Tell every model version its current share; they pass changes to running workers."""
-        shares = self.shares()
-        for model in list(self._models()):
-            share = shares.get(model.thread_demand().key)
-            if share is not None:
+        """Tell each model version whose share moved its new share; it passes it on to its
+        running workers. Linear in the versions: registering n models (n rebalances) tells each
+        only when its share changes, not n times. A worker that starts later learns its share
+        when it is ready (`serve.core.model.ModelVersion`), so nothing is lost by not repeating.
+        """
+        models = list(self._models())
+        demands = [m.thread_demand() for m in models]
+        shares = budget_threads(self.cores, demands)
+        told = {}
+        for model, demand in zip(models, demands, strict=True):
+            share = shares[demand.key]
+            told[demand.key] = share
+            if self._told.get(demand.key) != share:
                 model.apply_threads(share)
+        self._told = told

@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
-from serve.core.offload import run_sized
+from serve.core.offload import INLINE_MAX, run_big, run_sized
 from serve.http import inputs
 from serve.http.common import NO_CACHE_HEADERS, ServerState, request_id
 from serve.http.inputs import request_timeout
@@ -272,7 +272,12 @@ class _Protocols:
             body = await read_body(request, self.state.config.max_request_size)
             length = oip.header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
             limit = self.state.config.max_request_elements
-            infer = await run_sized(len(body), oip.parse_request, body, length, limit)
+            if length is None:  # all JSON: a big one is decoded in a process of its own
+                if len(body) > INLINE_MAX:  # a small one is parsed at once, as fast
+                    oip.refuse_declared(body, limit)  # 413 from the shapes, before any parse
+                infer = await run_big(len(body), oip.parse_request, body, None, limit)
+            else:  # a JSON header and raw tensors, sliced from the body (not copied)
+                infer = await run_sized(len(body), oip.parse_request, body, length, limit)
             headers = _forward_headers(request, OIP)
             if explain:
                 headers["explain"] = "True"

@@ -45,6 +45,10 @@ def sanitize_name(raw: str) -> str:
     return name
 
 
+# The dimensions that name the model in handler metrics (TorchServe's default is ModelName).
+MODEL_LABELS = ("ModelName", "model_name")
+
+
 class _Family:
     __slots__ = ("kind", "name", "series", "unit", "warned")
 
@@ -186,6 +190,18 @@ class HandlerMetrics:
         if family.kind == "histogram":
             series.extend([[0] * len(HISTOGRAM_BUCKETS), 0])  # per-bucket counts, total count
         return series
+
+    def forget_model(self, model: str) -> None:
+        """Drop the series a handler labelled with ``model`` (TorchServe's ``ModelName``
+        dimension, or ``model_name``): the model is gone."""
+        for family in self._by_key.values():
+            gone = [
+                key
+                for key, series in family.series.items()
+                if any(series[0].get(label) == model for label in MODEL_LABELS)
+            ]
+            for key in gone:
+                del family.series[key]
 
     def collect(self) -> Iterator[Metric]:
         for family in list(self._by_key.values()):

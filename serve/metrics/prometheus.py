@@ -223,6 +223,27 @@ class ServerMetrics:
         """A healthy worker replaced on purpose (``reason``: ``memory``, its RSS cap)."""
         self.recycles.labels(model, version, reason).inc()
 
+    def model_removed(self, model: str) -> None:
+        """The last version of ``model`` is gone: drop its series from every family (else
+        each name ever registered keeps ~70 series on /metrics for good)."""
+        for key in [k for k in self._requests if k[0] == model]:
+            del self._requests[key]
+        for key in [k for k in self._batches if k[0] == model]:
+            del self._batches[key]
+        mv = ("model", "version")
+        for family, labels in (
+            (self.requests, (*mv, "status")),
+            (self.request_seconds, mv),
+            (self.queue_seconds, mv),
+            (self.batch_size, mv),
+            (self.handler_seconds, (*mv, "phase")),
+            (self.restarts, mv),
+            (self.recycles, (*mv, "reason")),
+        ):
+            _remove_model_children(family, labels, model)
+        self.torchserve.forget_model(model)
+        self.handler.forget_model(model)
+
     async def gpu_samples(self) -> list[GpuSample]:
         """The latest GPU samples (`serve.core.observer.Observer`: memory admission asks)."""
         return await self.system.gpu_samples()
@@ -266,6 +287,20 @@ class ServerMetrics:
         return families
 
 
+def _remove_model_children(
+    family: Counter | Histogram, labels: tuple[str, ...], model: str
+) -> None:
+    """Remove every child of ``family`` (labelled ``labels``, in order) whose ``model`` label is
+    ``model``, found through its samples (prometheus_client lists no children publicly)."""
+    children = set()
+    for metric in family.collect():
+        for sample in metric.samples:
+            if sample.labels.get("model") == model:
+                children.add(tuple(sample.labels[n] for n in labels))
+    for values in children:
+        family.remove(*values)
+
+
 class _Tally:
     """One counter value; only the event loop adds to it."""
 
@@ -299,6 +334,11 @@ class TorchServeCounters:
 
     def tally(self, family: str, model: str, version: str) -> _Tally:
         return self._tallies[family].setdefault((model, version), _Tally())
+
+    def forget_model(self, model: str) -> None:
+        for tallies in self._tallies.values():
+            for key in [k for k in tallies if k[0] == model]:
+                del tallies[key]
 
     def describe(self) -> list[Metric]:
         return []

@@ -10,6 +10,7 @@ problem with the request raises ``BadRequest`` with a message for the client.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,75 @@ def parse_request(body: bytes, length: int | None, max_elements: int | None = No
         raise BadRequest(f"the request JSON {TOO_DEEP}") from None
 
 
+# ----- refusing before parsing -----------------------------------------------------------------
+
+PRESCAN_BYTES = 64 * 1024  # the head of a JSON body read for declared shapes before any parse
+_SHAPE_KEY = re.compile(rb'"shape"\s*:\s*\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]')
+_STRUCTURE = re.compile(rb'"[^"]*"|[{}\[\]]')  # strings (no escapes, see below) and brackets
+
+
+def declared_elements(body: bytes | memoryview) -> int:
+    """A lower bound on the tensor elements a JSON request's inputs declare, read from the
+    ``shape`` of each input in the first `PRESCAN_BYTES` without parsing the body (its data).
+
+    Counted only where it is certain: each ``inputs[i].shape`` key outside any string (a head
+    with a backslash, where strings may hold escaped quotes, counts nothing), the last of an
+    input's shapes if it has several (and of the last ``inputs``), as `_check_elements` counts
+    them after a full parse. So a body refused for this is one the full parse would refuse too
+    (or find malformed), short of a document that repeats ``inputs`` past the head.
+    """
+    head = bytes(body[:PRESCAN_BYTES])
+    if b"\\" in head:
+        return 0
+    shapes: dict[int, int] = {}
+    stack: list[tuple[bytes, bytes]] = []  # (bracket, the key it is the value of)
+    entries = 0  # objects opened as elements of the top-level "inputs"
+    last_string = b""
+    tokens = _STRUCTURE.finditer(head)
+    for match in _SHAPE_KEY.finditer(head):
+        for token in tokens:  # the structure up to this "shape" key, which is a string token
+            if token.start() >= match.start() or token.end() > match.start():
+                break
+            text = token.group()
+            if text[:1] == b'"':
+                last_string = text
+            elif text in (b"{", b"["):
+                stack.append((text, last_string))
+                if text == b"{" and _in_inputs(stack[:-1]):
+                    entries += 1
+                elif _in_inputs(stack):  # another "inputs" list: the last one counts
+                    shapes.clear()
+            elif stack:
+                stack.pop()
+        else:
+            break
+        if token.start() != match.start():
+            break  # this "shape" lies inside a string: nothing after it is certain
+        if len(stack) == 3 and stack[2][0] == b"{" and _in_inputs(stack[:2]):
+            dims = [int(d) for d in match.group(1).split(b",")] if match.group(1) else []
+            shapes[entries] = element_count(dims)
+    return sum(shapes.values())
+
+
+def _in_inputs(stack: list[tuple[bytes, bytes]]) -> bool:
+    """Whether ``stack`` is the document's object, then its ``inputs`` list."""
+    return len(stack) == 2 and stack[0][0] == b"{" and stack[1] == (b"[", b'"inputs"')
+
+
+def refuse_declared(body: bytes | memoryview, max_elements: int | None) -> None:
+    """413 at once when the shapes `declared_elements` reads already pass ``max_elements``."""
+    if max_elements is not None:
+        _refuse_over(declared_elements(body), max_elements)
+
+
+def _refuse_over(total: int, max_elements: int) -> None:
+    if total > max_elements:
+        raise PayloadTooLarge(
+            f"the request's inputs hold {total} tensor elements; this server accepts at most "
+            f"{max_elements} per request (max_request_elements)"
+        )
+
+
 def _check_elements(raw_inputs: list[Any], max_elements: int | None) -> None:
     if max_elements is None:
         return
@@ -107,11 +177,7 @@ def _check_elements(raw_inputs: list[Any], max_elements: int | None) -> None:
         shape = entry.get("shape") if isinstance(entry, dict) else None
         if isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape):
             total += element_count(shape)
-    if total > max_elements:
-        raise PayloadTooLarge(
-            f"the request's inputs hold {total} tensor elements; this server accepts at most "
-            f"{max_elements} per request (max_request_elements)"
-        )
+    _refuse_over(total, max_elements)
 
 
 def _parse_doc(doc: Any, body: bytes, length: int | None, max_elements: int | None) -> InferRequest:

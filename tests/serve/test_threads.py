@@ -3,9 +3,16 @@ fake model versions (each demand's share reaches its workers)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
+from serve.config import Config
+from serve.core.model import ModelSource, ModelVersion
+from serve.core.registry import Registry
 from serve.core.threads import ThreadBudget, ThreadDemand, budget_threads
+from tests.support.fake_workers import FakeWorkers
 
 D = ThreadDemand
 
@@ -75,3 +82,36 @@ def test_live_budget_counts_a_model_not_yet_registered_and_rebalances_everyone()
     models.pop()
     budget.rebalance()
     assert models[0].applied == [2, 4]
+
+
+def test_registering_n_models_tells_each_its_share_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 40-node workflow registered 40 models and told every one its share after each: n**2
+    `apply_threads` calls on the event loop. Now a version is told only when its share moves."""
+    calls: list[str] = []
+    real = ModelVersion.apply_threads
+
+    def counting(self: ModelVersion, threads: int) -> None:
+        calls.append(self.name)
+        real(self, threads)
+
+    monkeypatch.setattr(ModelVersion, "apply_threads", counting)
+    registry = Registry(Config(memory_admission=False), tmp_path, worker_factory=FakeWorkers())
+    registry.thread_budget.cores = 4
+    manifest = {"model": {"modelName": "m", "handler": "echo_handler.py"}}
+    n = 40
+
+    async def register_all() -> None:
+        try:
+            for i in range(n):
+                source = ModelSource(f"m{i}.mar", tmp_path, manifest, {}, None)
+                await registry.add_source(f"m{i}", "1", source, initial_workers=1)
+        finally:
+            await registry.stop()
+
+    asyncio.run(register_all())
+    # Each worker is told once when it is ready; each version again only when its share moves
+    # (4, 2, 1 on four cores: at most a few times), never once per later registration.
+    assert len(calls) <= 3 * n, len(calls)
+    assert max(calls.count(f"m{i}") for i in range(n)) <= 4
