@@ -19,8 +19,6 @@ from serve.config import ModelSettings
 from serve.core.dispatcher import Dispatcher
 from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
 from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
-from serve.wire.messages import WorkerSpec
-from serve.worker.process import WorkerProcess
 from tests.serve.fake_workers import FakePool
 from tests.support.waiting import until
 
@@ -423,18 +421,6 @@ def test_worker_state_moves_follow_one_table(
     assert next_state(current, wanted) is after
 
 
-def test_the_worker_process_is_the_only_writer_of_its_state(tmp_path: Path) -> None:
-    spec = WorkerSpec(model_name="m", model_version="1", model_dir=str(tmp_path), manifest={})
-    proc = WorkerProcess("w0", spec, tmp_path)
-    assert proc.state is WorkerState.STARTING
-    with pytest.raises(AttributeError):
-        proc.state = WorkerState.READY  # type: ignore[misc]
-    assert not proc.change_state(WorkerState.BUSY) and proc.state is WorkerState.STARTING
-    assert proc.change_state(WorkerState.READY) and proc.change_state(WorkerState.BUSY)
-    assert proc.change_state(WorkerState.STOPPING)
-    assert not proc.change_state(WorkerState.READY) and proc.state is WorkerState.STOPPING
-
-
 def test_nothing_in_serve_assigns_a_worker_state_but_through_change_state() -> None:
     public, private = [], set()
     for path in Path(serve.__file__).parent.rglob("*.py"):
@@ -451,7 +437,7 @@ def test_nothing_in_serve_assigns_a_worker_state_but_through_change_state() -> N
                 elif isinstance(target, ast.Attribute) and target.attr == "_state":
                     private.add(path.name)
     assert public == []
-    assert private == {"process.py"}  # WorkerProcess.__init__: its first state
+    assert private == {"process.py"}  # the process handle sets its first state in __init__
 
 
 def test_a_worker_that_begins_to_stop_mid_batch_is_not_made_ready_again() -> None:

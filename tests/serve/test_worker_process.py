@@ -14,6 +14,7 @@ import uvloop
 
 from serve.core.jobs import BatchItem, ItemResult, WorkerState
 from serve.wire.errors import WorkerDied
+from serve.wire.messages import WorkerSpec
 from serve.worker.process import SOCKET_PATH_MAX, WorkerProcess, WorkerStartFailed
 from tests.support.server import HANDLERS
 from tests.support.worker_spec import worker_spec
@@ -121,3 +122,15 @@ def test_a_killed_workers_socket_and_pipes_close_once_it_is_gone_not_when_collec
         await proc.stop(1)
 
     run(scenario())
+
+
+def test_the_worker_process_is_the_only_writer_of_its_state(tmp_path: Path) -> None:
+    spec = WorkerSpec(model_name="m", model_version="1", model_dir=str(tmp_path), manifest={})
+    proc = WorkerProcess("w0", spec, tmp_path)
+    assert proc.state is WorkerState.STARTING
+    with pytest.raises(AttributeError):
+        proc.state = WorkerState.READY  # type: ignore[misc]
+    assert not proc.change_state(WorkerState.BUSY) and proc.state is WorkerState.STARTING
+    assert proc.change_state(WorkerState.READY) and proc.change_state(WorkerState.BUSY)
+    assert proc.change_state(WorkerState.STOPPING)
+    assert not proc.change_state(WorkerState.READY) and proc.state is WorkerState.STOPPING
