@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve.log_safety import escape_args
+from serve.log_safety import escape_args, is_plain
 
 ACCESS_LOGGER = "serve.access"
 MODEL_LOGGER = "serve.worker"
@@ -48,7 +48,7 @@ class TextFormatter(logging.Formatter):
         # Client-supplied values arrive as args: one record stays one line (serve.log_safety).
         # A worker's own records keep their text: it is the handler's, tracebacks included.
         args = record.args
-        if not args or "worker_id" in record.__dict__:
+        if not args or "worker_id" in record.__dict__ or is_plain(args):
             return super().format(record)
         record.args = escape_args(args)
         try:

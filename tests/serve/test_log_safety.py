@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from serve.grpc.calls import Call, Methods
 from serve.http.access_log import AccessLog
-from serve.log_safety import escape_args, escape_controls
+from serve.log_safety import escape_args, escape_controls, is_plain
 from serve.logs import ACCESS_LOGGER, JsonFormatter, TextFormatter
 from serve.workflows.executor import NodeReport
 from serve.workflows.metrics import WorkflowMetrics
@@ -46,6 +46,28 @@ def test_args_keep_numbers_and_escape_text_of_other_values() -> None:
     assert escape_args(("a\nb", 3, 2.5, None)) == ("a\\nb", 3, 2.5, None)
     assert escape_args({"k": "\x1b"}) == {"k": "\\x1b"}
     assert escape_args((ValueError("bad\nline"),)) == ("bad\\nline",)
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("args", "plain"),
+    [
+        (("127.0.0.1:1", "POST", "/predictions/m", "1.1", 200, 1.5, "m", "-", "rid"), True),
+        (("ok", 3, 2.5, None, True), True),
+        (("ok", "a\nb"), False),
+        (("sep\u2028",), False),
+        ((ValueError("no control"),), False),  # not a plain type: escape_args decides
+        ((_Text("ok"),), False),
+        ({"k": "ok"}, False),
+    ],
+)
+def test_plain_args_are_the_ones_escaping_leaves_alone(args: Any, plain: bool) -> None:
+    assert is_plain(args) is plain
+    if plain:
+        assert escape_args(args) == args
 
 
 def lines_of(record: logging.LogRecord, formatter: logging.Formatter) -> list[str]:
