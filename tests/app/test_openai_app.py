@@ -47,7 +47,10 @@ def serve(root: Path, test: Callable[[Lantern], Awaitable[None]], **overrides: A
 
 def async_client(lantern: Lantern, key: str = "none") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
-        api_key=key, base_url="http://inference/v1", http_client=lantern.inference, max_retries=0
+        api_key=key,
+        base_url="http://inference/v1",
+        http_client=lantern.inference,  # type: ignore[arg-type]  # openai types it as its own httpx
+        max_retries=0,
     )
 
 
@@ -263,7 +266,10 @@ def test_the_sync_client_whole_and_streamed(tmp_path: Path) -> None:
     with ThreadedLantern(config, InlineWorkers()) as server:
         http = server.client("inference")
         client = openai.OpenAI(
-            api_key="none", base_url="http://inference/v1", http_client=http, max_retries=0
+            api_key="none",
+            base_url="http://inference/v1",
+            http_client=http,  # type: ignore[arg-type]
+            max_retries=0,
         )
         done = client.chat.completions.create(
             model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=2
