@@ -27,6 +27,7 @@ from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
 from serve.http.common import NO_CACHE_HEADERS, ServerState, openai_error_response, request_id
 from serve.http.inputs import read_body, request_timeout
+from serve.wire import oip
 from serve.wire import openai as oai
 from serve.wire.errors import ServeError, error_for_status
 
@@ -66,6 +67,11 @@ def openai_routes(state: ServerState) -> list[BaseRoute]:
         Route("/openai/v1/models", api.list_models, methods=["GET"]),
         Route("/openai/v1/models/{model:path}", api.get_model, methods=["GET"]),
     ]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            Route(prefix + "/generate", api.generate, methods=["POST"]),
+            Route(prefix + "/generate_stream", api.generate, methods=["POST"]),
+        ]
     return routes
 
 
@@ -242,6 +248,53 @@ class _OpenAI:
 
         return await self._counted(request, answer)
 
+    async def generate(self, request: Request) -> Response:
+        """OIP's generate extension: ``{"text_output"}``, or SSE events of it (``_stream``);
+        errors in the OIP routes' ``{"error": "..."}`` shape."""
+        rid = request_id(request)
+        name, version = request.path_params["model"], request.path_params.get("version")
+        stream = request.url.path.endswith("_stream")
+        try:
+            raw = await read_body(request, self.state.config.max_request_size)
+            body = json.dumps(oai.parse_generate(raw, stream)).encode()
+            model = name if version is None else f"{name}/{version}"
+            result, _, _ = await self._submit(request, model, body)
+            mv = self.registry.get(name, version)
+            parts = _parts(result)
+            if not stream:
+                final: dict[str, Any] = {}
+                async for part in parts:
+                    data = _answer(part)
+                    if data is not None and _is_final(data):
+                        final = data
+                text = final.get("text", "")
+                reason = oai.finish_reason(final)
+                return _json(oai.generate_body(name, mv.version, text, reason), rid)
+            head = _answer(await anext(parts))
+        except ServeError as err:
+            return _oip_error(err, rid)
+
+        async def events() -> AsyncIterator[bytes]:
+            data = head
+            try:
+                while True:
+                    if data is not None:
+                        reason = oai.finish_reason(data) if _is_final(data) else None
+                        text = data.get("text") or ""
+                        if text or reason:
+                            yield oai.sse(oai.generate_body(name, mv.version, text, reason))
+                        if reason:
+                            break
+                    try:
+                        data = _answer(await anext(parts))
+                    except StopAsyncIteration:
+                        break
+            except ServeError as err:
+                yield oai.sse({"error": err.message})
+
+        headers = {**NO_CACHE_HEADERS, "x-request-id": rid}
+        return StreamingResponse(events(), headers=headers, media_type=oai.SSE_MEDIA_TYPE)
+
     async def list_models(self, request: Request) -> Response:
         rid = request_id(request)
         models = [self._model_entry(name) for name in sorted(self.registry.models)]
@@ -279,6 +332,11 @@ def _vectors(result: ItemResult, count: int) -> tuple[list[list[float]], int]:
         raise oai.OpenAIError("This model does not offer embeddings.", "model")
     tokens = (data.get("usage") or {}).get("prompt_tokens", 0)
     return [[float(x) for x in v] for v in vectors], int(tokens)  # type: ignore[union-attr]
+
+
+def _oip_error(err: ServeError, rid: str) -> Response:
+    headers = {**NO_CACHE_HEADERS, **err.headers, "x-request-id": rid}
+    return Response(oip.error_body(err.message), err.status_code, headers, "application/json")
 
 
 def _json(data: Any, rid: str, status: int = 200) -> Response:

@@ -390,3 +390,31 @@ def error_dict(err: ServeError) -> dict[str, Any]:
 
 def error_body(err: ServeError) -> bytes:
     return json.dumps(error_dict(err)).encode() + b"\n"
+
+
+# ----- the Open Inference Protocol's generate extension -----------------------------------------
+
+
+def parse_generate(raw: bytes, stream: bool) -> dict[str, Any]:
+    """``POST /v2/models/{m}/generate[_stream]``: ``text_input`` and ``parameters`` (Triton's
+    generate extension) as the handler's body; the sampling fields are the handler's."""
+    data = _object(raw)
+    text = data.get("text_input")
+    if not isinstance(text, str):
+        raise OpenAIError("'text_input' must be a string.", "text_input")
+    parameters = data.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise OpenAIError("'parameters' must be an object.", "parameters")
+    extra = sorted(set(data) - {"text_input", "parameters", "id"})
+    if extra:
+        raise OpenAIError(f"Unrecognized request argument supplied: {extra[0]}", extra[0])
+    body = {k: v for k, v in parameters.items() if k != "stream"}
+    body.update(prompt=text, stream=stream)
+    return body
+
+
+def generate_body(model: str, version: str, text: str, reason: str | None = None) -> dict:
+    body: dict[str, Any] = {"model_name": model, "model_version": version, "text_output": text}
+    if reason is not None:
+        body["finish_reason"] = reason
+    return body

@@ -280,3 +280,26 @@ def test_the_sync_client_whole_and_streamed(tmp_path: Path) -> None:
         # TorchServe's vLLM-handler path still reaches the handler itself.
         raw = http.post("/predictions/llm/1.0/v1/chat/completions", json={"prompt": "a b"})
         assert raw.status_code == 200 and raw.json()["text"].startswith("w0")
+
+
+def test_the_oip_generate_extension(tmp_path: Path) -> None:
+    async def test(lantern: Lantern) -> None:
+        body = {"text_input": "a b", "parameters": {"max_tokens": 3}}
+        whole = await lantern.inference.post("/v2/models/llm/versions/2.0/generate", json=body)
+        assert whole.json() == {
+            "model_name": "llm",
+            "model_version": "2.0",
+            "text_output": "w0 w1 w2",
+            "finish_reason": "length",
+        }
+        streamed = await lantern.inference.post("/v2/models/llm/generate_stream", json=body)
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(e[6:]) for e in streamed.text.split("\n\n") if e]
+        assert "".join(e["text_output"] for e in events) == "w0 w1 w2"
+        assert events[-1]["finish_reason"] == "length"
+        bad = await lantern.inference.post("/v2/models/llm/generate", json={"text_input": 1})
+        assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+        missing = await lantern.inference.post("/v2/models/nope/generate", json=body)
+        assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
+
+    serve(tmp_path, test)

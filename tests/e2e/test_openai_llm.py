@@ -7,6 +7,7 @@ The API's logic and errors are in ``tests/app/test_openai_app.py``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -77,7 +78,7 @@ def test_chat_async_renders_the_template_and_streams(server: LanternServer) -> N
         client = openai.AsyncOpenAI(
             api_key="none", base_url=f"{server.inference}/v1", max_retries=0
         )
-        messages = [
+        messages: Any = [
             {"role": "system", "content": "answer"},
             {"role": "user", "content": "the lazy dog"},
         ]
@@ -85,11 +86,11 @@ def test_chat_async_renders_the_template_and_streams(server: LanternServer) -> N
             model="tiny",
             messages=messages,
             max_tokens=6,
-            temperature=0,  # type: ignore[arg-type]
+            temperature=0,
         )
         stream = await client.chat.completions.create(
             model="tiny",
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=6,
             temperature=0,
             stream=True,
