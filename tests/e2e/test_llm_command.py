@@ -78,7 +78,10 @@ def test_the_llm_example_answers_the_capital_of_france(tmp_path: Path) -> None:
     store = tmp_path / "store"
     build = [sys.executable, str(REPO / "examples" / "llm" / "build.py"), "--gguf"]
     subprocess.run([*build, "--model-store", str(store)], check=True, cwd=tmp_path)
-    with LanternServer(tmp_path, store, ["smollm2=smollm2.mar"], args=["--no-grpc"]) as server:
+    server = LanternServer(tmp_path, store, ["smollm2=smollm2.mar"], args=["--no-grpc"])
+    # --gguf: a quick build, but each start dequantises the GGUF (73 s alone; minutes on a
+    # loaded machine). The default build is the other way round (examples/llm/README.md).
+    with server.start(timeout=600):
         client = openai.OpenAI(api_key="none", base_url=f"{server.inference}/v1")
         answer = client.chat.completions.create(
             model="smollm2",
