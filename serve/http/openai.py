@@ -124,27 +124,26 @@ class _OpenAI:
         return await self._generate(request, oai.parse_chat)
 
     async def _counted(
-        self, request: Request, answer: Callable[[], Awaitable[tuple[Response, str, str | None]]]
+        self, request: Request, answer: Callable[[], Awaitable[Response]]
     ) -> Response:
-        """``answer()`` with errors in OpenAI's shape; counted in the request metrics."""
+        """``answer()`` with errors in OpenAI's shape; counted in the request metrics once the
+        model is known (`_label` names it)."""
         rid = request_id(request)
         started = time.perf_counter()
-        labels: tuple[str, str | None] | None = None
         status = 500
         try:
-            response, name, version = await answer()
-            labels = (name, version)
+            response = await answer()
             status = response.status_code
             return response
         except ServeError as err:
             status = err.status_code
-            labels = getattr(err, "labels", None)
             return openai_error_response(err, rid)
         finally:
-            if labels is not None:
-                name, version = labels
+            params = request.scope.get("path_params", {})
+            if "model" in params:
                 elapsed = time.perf_counter() - started
-                self.state.metrics.request_done(name, version or "default", status, elapsed)
+                version = params.get("version") or "default"
+                self.state.metrics.request_done(params["model"], version, status, elapsed)
 
     def _model(self, model: str) -> tuple[ModelVersion, str, str | None]:
         name, version = oai.split_model(model)
@@ -152,29 +151,26 @@ class _OpenAI:
 
     async def _submit(
         self, request: Request, model: str, body: bytes, url_path: str | None = None
-    ) -> tuple[ItemResult, str, str | None]:
+    ) -> ItemResult:
         mv, name, version = self._model(model)
+        _label(request, name, version)
         headers = _forward_headers(request)
         if url_path:
             headers["url_path"] = url_path
         item = BatchItem(request_id(request), headers, [("body", "application/json", body)])
-        try:
-            return await mv.submit(item, request_timeout(request)), name, version
-        except ServeError as err:
-            err.labels = (name, version)  # type: ignore[attr-defined]
-            raise
+        return await mv.submit(item, request_timeout(request))
 
     async def _generate(
         self, request: Request, parse: Callable[[bytes], oai.GenerationCall]
     ) -> Response:
-        async def answer() -> tuple[Response, str, str | None]:
+        async def answer() -> Response:
             raw = await read_body(request, self.state.config.max_request_size)
             call = parse(raw)
-            result, name, version = await self._submit(request, call.model, call.worker_body())
+            result = await self._submit(request, call.model, call.worker_body())
             cid = oai.new_id("chatcmpl" if call.chat else "cmpl")
             created = int(time.time())
             if call.stream:
-                return await self._stream(request, call, cid, created, result), name, version
+                return await self._stream(request, call, cid, created, result)
             final: dict[str, Any] | None = None
             async for part in _parts(result):
                 data = _answer(part)
@@ -183,7 +179,7 @@ class _OpenAI:
             if final is None:
                 raise ServeError("The model's answer has no finish_reason: is it a text model?")
             body = oai.completion_body(call, cid, created, final)
-            return _json(body, request_id(request)), name, version
+            return _json(body, request_id(request))
 
         return await self._counted(request, answer)
 
@@ -230,7 +226,7 @@ class _OpenAI:
         ``{"input": [texts]}`` with ``url_path: v1/embeddings`` and answers one vector per input
         (a JSON list, or ``{"data": [...], "usage": {"prompt_tokens"}}``)."""
 
-        async def answer() -> tuple[Response, str, str | None]:
+        async def answer() -> Response:
             raw = await read_body(request, self.state.config.max_request_size)
             call = oai.parse_embeddings(raw)
             mv, _, _ = self._model(call.model)
@@ -241,10 +237,10 @@ class _OpenAI:
                     "model",
                 )
             body = json.dumps({"input": call.inputs}).encode()
-            result, name, version = await self._submit(request, call.model, body, EMBEDDINGS_PATH)
+            result = await self._submit(request, call.model, body, EMBEDDINGS_PATH)
             vectors, tokens = _vectors(result, len(call.inputs))
             data = oai.embeddings_body(call, vectors, tokens)
-            return _json(data, request_id(request)), name, version
+            return _json(data, request_id(request))
 
         return await self._counted(request, answer)
 
@@ -258,7 +254,7 @@ class _OpenAI:
             raw = await read_body(request, self.state.config.max_request_size)
             body = json.dumps(oai.parse_generate(raw, stream)).encode()
             model = name if version is None else f"{name}/{version}"
-            result, _, _ = await self._submit(request, model, body)
+            result = await self._submit(request, model, body)
             mv = self.registry.get(name, version)
             parts = _parts(result)
             if not stream:
@@ -332,6 +328,14 @@ def _vectors(result: ItemResult, count: int) -> tuple[list[list[float]], int]:
         raise oai.OpenAIError("This model does not offer embeddings.", "model")
     tokens = (data.get("usage") or {}).get("prompt_tokens", 0)
     return [[float(x) for x in v] for v in vectors], int(tokens)  # type: ignore[union-attr]
+
+
+def _label(request: Request, name: str, version: str | None) -> None:
+    """Name the model in the path parameters, where the access log and `_counted` look."""
+    params = request.scope.setdefault("path_params", {})
+    params["model"] = name
+    if version:
+        params["version"] = version
 
 
 def _oip_error(err: ServeError, rid: str) -> Response:

@@ -112,6 +112,24 @@ def test_completions_and_chat_async_whole_and_streamed(tmp_path: Path) -> None:
     serve(tmp_path, test)
 
 
+def test_requests_are_counted_under_the_model(tmp_path: Path) -> None:
+    async def test(lantern: Lantern) -> None:
+        client = async_client(lantern)
+        await client.completions.create(model="llm/2.0", prompt="a", max_tokens=1)
+        with pytest.raises(openai.BadRequestError):
+            await client.completions.create(model="llm/2.0", prompt="a", max_tokens=-1)
+        text = (await lantern.metrics.get("/metrics")).text
+        counted = [
+            line
+            for line in text.splitlines()
+            if line.startswith("ts_inference_requests_total") and 'model_name="llm"' in line
+        ]
+        assert counted and all('model_version="2.0"' in line for line in counted), text
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == 2
+
+    serve(tmp_path, test)
+
+
 def test_the_stream_is_server_sent_events_ending_in_done(tmp_path: Path) -> None:
     async def test(lantern: Lantern) -> None:
         body = {"model": "llm", "prompt": "x", "max_tokens": 2, "stream": True}
