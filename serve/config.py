@@ -63,6 +63,8 @@ class Config:
     download_max_size: int = 1 << 30
     download_timeout: float = 60.0
     enable_metrics_api: bool = True
+    # The OpenAI-compatible API on the inference port (serve/http/openai.py, docs/llm.md).
+    enable_openai_api: bool = True
     number_of_gpu: int | None = None
     cpu_affinity: bool = False
     decode_input_request: bool = True

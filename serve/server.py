@@ -24,6 +24,7 @@ from serve.http.draining import Draining
 from serve.http.inference import create_inference_app
 from serve.http.management import create_management_app
 from serve.http.metrics import create_metrics_app
+from serve.http.openai import openai_routes
 from serve.http.protocols import protocol_routes
 from serve.http.server_choice import resolve_http_server
 from serve.http.servers import bind_socket, run_servers
@@ -85,6 +86,11 @@ class Server:
             self.addresses[name] = f"{_scheme(address)}://{shown}:{bound}"
         return sockets
 
+    def _protocol_routes(self) -> list[Any]:
+        """KServe v1 and OIP, the OpenAI routes before them (they win where both match)."""
+        routes = openai_routes(self.state) if self.config.enable_openai_api else []
+        return routes + protocol_routes(self.state)
+
     def apps(self) -> dict[str, Any]:
         """The three ASGI apps with their edge middleware, as the listeners serve them (tests
         call them in process, through httpx's ASGI transport)."""
@@ -94,7 +100,7 @@ class Server:
         if not self.config.disable_token_authorization:
             self.state.auth = TokenAuth.create(self.config)
         apps = {
-            "inference": create_inference_app(self.state, protocol_routes(self.state)),
+            "inference": create_inference_app(self.state, self._protocol_routes()),
             "management": create_management_app(self.state),
             "metrics": create_metrics_app(self.state),
         }

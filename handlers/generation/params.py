@@ -5,6 +5,8 @@ Field names follow OpenAI's completions API (and vLLM's extensions): ``max_token
 ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_tokens``,
 ``ignore_eos``, ``logprobs``.
 ``max_new_tokens`` (TorchServe's examples) is accepted as another name for ``max_tokens``.
+A chat request gives ``messages`` (``[{"role", "content"}]``) instead of a ``prompt``: the
+handler renders them into the prompt with the tokenizer's chat template.
 An unknown field is an error, not silently ignored: a typo would otherwise change nothing.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +23,10 @@ from handlers.exceptions import PredictionException
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 # Fields of a request body that are not sampling parameters but are allowed beside them.
-REQUEST_FIELDS = frozenset({"prompt", "stream", "model"})
+REQUEST_FIELDS = frozenset({"prompt", "messages", "stream", "model"})
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+# Renders chat messages into a prompt (the tokenizer's chat template).
+ChatRenderer = Callable[[list[dict[str, str]]], str]
 
 
 @dataclass(frozen=True)
@@ -153,11 +159,30 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int) -> Sampling
     )
 
 
-def parse_request(payload: Any, max_tokens_limit: int, vocab_size: int) -> GenerationRequest:
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages must be a non-empty list")
+    for message in value:
+        if (
+            not isinstance(message, dict)
+            or set(message) - {"role", "content", "name"}
+            or message.get("role") not in CHAT_ROLES
+            or not isinstance(message.get("content"), str)
+        ):
+            raise _bad(
+                f"each message must be {{'role': one of {sorted(CHAT_ROLES)}, 'content': a string}}"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def parse_request(
+    payload: Any, max_tokens_limit: int, vocab_size: int, render: ChatRenderer | None = None
+) -> GenerationRequest:
     """A request row's payload as a `GenerationRequest`.
 
     A JSON object (decoded already, or as text/bytes starting with ``{``) is a request; any other
-    UTF-8 text is the prompt itself, with default sampling.
+    UTF-8 text is the prompt itself, with default sampling. ``messages`` become the prompt
+    through ``render`` (a 400 without one).
     """
     if isinstance(payload, (bytes, bytearray)):
         try:
@@ -174,6 +199,13 @@ def parse_request(payload: Any, max_tokens_limit: int, vocab_size: int) -> Gener
         payload = {"prompt": payload}
     if not isinstance(payload, dict):
         raise _bad(f"expected a JSON object with a prompt, got {type(payload).__name__}")
+    if "messages" in payload:
+        if "prompt" in payload:
+            raise _bad("give a prompt or messages, not both")
+        if render is None:
+            raise _bad("this model takes a prompt, not messages")
+        payload = dict(payload)
+        payload["prompt"] = render(_messages(payload.pop("messages")))
     prompt = payload.get("prompt")
     if not isinstance(prompt, str):
         raise _bad("prompt must be a string")

@@ -308,9 +308,11 @@ def logs(
 
 
 def _add_commands() -> None:
+    from serve.cli.llm import llm
     from serve.kserve.command import kserve
     from serve.rayserve.command import ray_group
 
+    main.add_command(llm)
     main.add_command(kserve)
     main.add_command(ray_group)
 

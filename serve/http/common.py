@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.core.request_ids import new_request_id
+from serve.wire import openai as openai_wire
 from serve.wire.errors import MethodNotAllowed, NotFound, ServeError, error_body, error_for_status
 
 if TYPE_CHECKING:
@@ -68,6 +69,19 @@ def error_response(err: ServeError, rid: str | None = None) -> Response:
         headers["x-request-id"] = rid
     return Response(
         error_body(err), status_code=err.status_code, headers=headers, media_type="application/json"
+    )
+
+
+def openai_error_response(err: ServeError, rid: str | None = None) -> Response:
+    """``err`` in the OpenAI API's shape (``serve.wire.openai.error_body``)."""
+    headers = {**NO_CACHE_HEADERS, **err.headers}
+    if rid:
+        headers["x-request-id"] = rid
+    return Response(
+        openai_wire.error_body(err),
+        status_code=err.status_code,
+        headers=headers,
+        media_type="application/json",
     )
 
 

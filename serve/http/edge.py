@@ -8,12 +8,21 @@ from starlette.requests import Request
 
 from serve.http.common import NO_CACHE_HEADERS, request_id
 from serve.wire import oip
+from serve.wire import openai as oai
 from serve.wire.errors import ServeError, error_body
 
 
 def is_protocol_path(path: str) -> bool:
     """Whether ``path`` lies under the KServe v1 (``/v1``) or Open Inference (``/v2``) routes."""
     return path.startswith(("/v1/", "/v2/")) or path == "/v2"
+
+
+def is_openai_request(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the inference port's OpenAI routes would answer ``path`` for this client."""
+    if oai.is_openai_path(path):
+        return True
+    is_models = path == "/v1/models" or path.startswith("/v1/models/")
+    return is_models and oai.is_openai_client(headers)
 
 
 async def answer_error(
@@ -26,7 +35,10 @@ async def answer_error(
     TorchServe's. With ``close``, the answer says ``Connection: close``: for callers that refuse
     before the body is read and want no further request on the connection.
     """
-    if protocols and is_protocol_path(scope.get("path", "")):
+    path = scope.get("path", "")
+    if protocols and is_openai_request(path, scope.get("headers", [])):
+        body = oai.error_body(err)
+    elif protocols and is_protocol_path(path):
         body = oip.error_body(err.message)
     else:
         body = error_body(err)

@@ -53,8 +53,10 @@ CAT_LABELS = {LABELS[i] for i in CAT_CLASSES}
 def build_examples(work: Path) -> Path:
     """Run every example's build.py from ``work`` (in parallel); returns ``work/model_store``."""
     store = work / "model_store"
-    # workflow_ensemble builds a workflow: tests/e2e/test_workflow_example.py serves it.
-    scripts = sorted(p for p in EXAMPLES.glob("*/build.py") if p.parent.name != "workflow_ensemble")
+    # workflow_ensemble builds a workflow: tests/e2e/test_workflow_example.py serves it; llm an
+    # LLM: tests/e2e/test_llm_command.py serves it.
+    others = ("workflow_ensemble", "llm")
+    scripts = sorted(p for p in EXAMPLES.glob("*/build.py") if p.parent.name not in others)
     assert {p.parent.name for p in scripts} == {
         "image_classifier",
         "resnet18_eager",

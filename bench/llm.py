@@ -1,0 +1,195 @@
+"""A small async load generator for OpenAI-compatible servers: streamed completions, measured.
+
+    python -m bench.llm --url http://127.0.0.1:8080/v1 --model smollm2 \
+        --concurrency 1,4,16 --requests 16 --max-tokens 32
+
+Each request streams ``POST /completions`` with a prompt from a fixed set, ``temperature: 0``,
+``max_tokens`` and ``ignore_eos`` (vLLM's field, so every answer has the same length; servers
+that do not know it get ``--no-ignore-eos``). Per concurrency level it reports output tokens/s,
+requests/s, time to first token and inter-token latency (p50/p99, from the SSE chunks' arrival
+times), and errors; ``--json`` writes them for docs/performance.md. The same client drives every
+server, so their figures compare. ``--floor MODEL_DIR`` measures one ``generate`` call per
+request, one at a time, in-process on an unpacked archive's model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain why the sky is blue to a ten year old.",
+    "List five uses for a paperclip.",
+    "What is the capital of France, and what is it known for?",
+    "Describe the water cycle in three sentences.",
+    "Give me a recipe for a simple tomato soup.",
+    "Summarise the plot of a detective novel you invent.",
+    "Why do cats purr?",
+]
+
+
+@dataclass
+class Sample:
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) -> Sample:
+    body: dict[str, Any] = {
+        "model": args.model,
+        "prompt": prompt,
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    sample = Sample()
+    started = time.perf_counter()
+    last = started
+    try:
+        async with client.stream("POST", f"{args.url}/completions", json=body) as resp:
+            if resp.status_code != 200:
+                sample.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
+                return sample
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    sample.tokens = int(chunk["usage"].get("completion_tokens", sample.tokens))
+                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if sample.ttft is None:
+                    sample.ttft = now - started
+                else:
+                    sample.gaps.append(now - last)
+                last = now
+    except httpx.HTTPError as exc:
+        sample.error = f"{type(exc).__name__}: {exc}"
+    return sample
+
+
+async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for i in range(args.requests):
+        queue.put_nowait(PROMPTS[i % len(PROMPTS)])
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                samples.append(await one(client, args, queue.get_nowait()))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    ok = [s for s in samples if s.error is None]
+    ttfts = [s.ttft for s in ok if s.ttft is not None]
+    gaps = [g for s in ok for g in s.gaps]
+    tokens = sum(s.tokens or len(s.gaps) + 1 for s in ok)
+    return {
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "errors": len(samples) - len(ok),
+        "first_error": next((s.error for s in samples if s.error), None),
+        "seconds": elapsed,
+        "output_tokens_per_s": tokens / elapsed,
+        "requests_per_s": len(ok) / elapsed,
+        "ttft_p50_s": _percentile(ttfts, 0.5),
+        "ttft_p99_s": _percentile(ttfts, 0.99),
+        "itl_p50_s": _percentile(gaps, 0.5),
+        "itl_p99_s": _percentile(gaps, 0.99),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+    }
+
+
+def floor(model_dir: str, requests: int, max_tokens: int, threads: int) -> dict[str, Any]:
+    """The floor: one ``generate`` call per request, one at a time, in this process (greedy,
+    fixed length); time to first token from a 1-token ``generate``, the rest per token."""
+    import torch
+
+    from handlers.generation.loading import load_model
+
+    torch.set_num_threads(threads)
+    model, tokenizer = load_model(model_dir, {}, torch.device("cpu"))
+    ttfts, gaps, tokens = [], [], 0
+    started = time.perf_counter()
+    for i in range(requests):
+        ids = tokenizer(PROMPTS[i % len(PROMPTS)], return_tensors="pt")
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(**ids, max_new_tokens=1, do_sample=False)
+            t1 = time.perf_counter()
+            model.generate(
+                **ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False
+            )
+            t2 = time.perf_counter()
+        ttfts.append(t1 - t0)
+        gaps.append(((t2 - t1) - (t1 - t0)) / max(1, max_tokens - 1))
+        tokens += max_tokens
+    elapsed = time.perf_counter() - started
+    generate_time = elapsed - sum(ttfts)  # the 1-token calls are measurement, not the floor
+    return {
+        "floor": True,
+        "requests": requests,
+        "output_tokens_per_s": tokens / generate_time,
+        "ttft_p50_s": _percentile(ttfts, 0.5),
+        "itl_p50_s": _percentile(gaps, 0.5),
+        "itl_p99_s": _percentile(gaps, 0.99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="the API's base, e.g. http://host:8080/v1")
+    parser.add_argument("--model", help="the model's name on the server")
+    parser.add_argument("--floor", metavar="MODEL_DIR", help="measure the floor instead")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for --floor")
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument("--requests", type=int, default=32, help="requests per level")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    if args.floor:
+        result = floor(args.floor, args.requests, args.max_tokens, args.threads)
+        print(json.dumps(result), flush=True)
+        return
+    if not args.url or not args.model:
+        parser.error("--url and --model (or --floor MODEL_DIR)")
+    results = []
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        result = asyncio.run(level(args, concurrency))
+        results.append(result)
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+        print(json.dumps(shown), flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
