@@ -163,7 +163,8 @@ class WorkerPool:
             if slot.process is not worker:
                 continue
             if slot.retiring:
-                self._background(self._stop_slot(slot))
+                if not _in_flight(worker):  # the last of a slot worker's requests
+                    self._background(self._stop_slot(slot))
             elif worker.state == WorkerState.READY:
                 self._check_memory(slot)
 
@@ -219,7 +220,8 @@ class WorkerPool:
         slot.retiring = True
         slot.settled.set()
         proc = slot.process
-        if proc is None or proc.state != WorkerState.BUSY:
+        # A worker with slots may be READY while it runs requests: it drains them first.
+        if proc is None or (proc.state != WorkerState.BUSY and not _in_flight(proc)):
             self._background(self._stop_slot(slot))
 
     async def wait_loaded(self) -> None:
@@ -377,3 +379,8 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
         gpu_memory=getattr(proc, "gpu_memory", None),
     )
+
+
+def _in_flight(worker: object) -> int:
+    """Batches a worker still runs (`WorkerProcess.in_flight`; 0 for a worker without it)."""
+    return int(getattr(worker, "in_flight", 0) or 0)
