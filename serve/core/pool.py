@@ -112,6 +112,10 @@ class WorkerInfo:
     last_error: str | None
     warmup_seconds: float | None = None  # what its warm-up took (serve/worker/warmup.py)
     gpu_memory: int | None = None  # bytes torch holds on its GPU once loaded and warm
+    # A worker that runs many requests at once: its slots and engine limits (from LOADED) and
+    # the requests it runs now.
+    limits: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -378,6 +382,8 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         last_error=slot.last_error,
         warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
         gpu_memory=getattr(proc, "gpu_memory", None),
+        limits=dict(getattr(proc, "limits", None) or {}),
+        in_flight=_in_flight(proc) if proc is not None else 0,
     )
 
 

@@ -88,7 +88,7 @@ def greedy(folder: Path, prompt: str, n: int) -> list[int]:
 
 
 def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None:
-    body = {
+    body: dict[str, Any] = {
         "prompt": "a model server answers",
         "max_tokens": 6,
         "temperature": 0,
@@ -97,6 +97,9 @@ def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None
     response = generate(server, body)
     assert response.status_code == 200, response.text
     assert response.json()["tokens"] == greedy(folder, body["prompt"], 6)
+    (worker,) = server.describe("tiny")[0]["workers"]
+    assert worker["limits"]["slots"] == 2 and worker["limits"]["max_running_sequences"] == 2
+    assert worker["limits"]["prefill_chunk_tokens"] == 8 and worker["runningRequests"] == 0
 
 
 def test_a_late_request_joins_a_running_stream_and_bad_input_is_a_4xx(

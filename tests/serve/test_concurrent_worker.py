@@ -62,6 +62,16 @@ def predict(seq: int, body: dict[str, Any] | bytes, request_id: str | None = Non
     return encode_predict(seq, [item])
 
 
+def ok(item: ResultItem | ErrorItem) -> ResultItem:
+    assert isinstance(item, ResultItem), item
+    return item
+
+
+def failed(item: ResultItem | ErrorItem) -> ErrorItem:
+    assert isinstance(item, ErrorItem), item
+    return item
+
+
 def run_in_thread(loop: Any, conn: FakeConnection) -> tuple[threading.Thread, list[int]]:
     code: list[int] = []
     thread = threading.Thread(
@@ -164,7 +174,7 @@ def test_an_unstreamed_request_is_answered_whole(service):
     frame = conn.next()
     assert frame.type == MsgType.RESULT  # no parts
     result = decode_result(frame)
-    answer = json.loads(result.items[0].body)
+    answer = json.loads(ok(result.items[0]).body)
     assert answer["tokens"] == greedy(service, "héllo world", 5)
     assert answer["usage"]["completion_tokens"] == 5 and "first_token" in result.timings
     conn.put(None)  # the frontend closed the socket
@@ -196,15 +206,15 @@ def test_the_async_loop_runs_many_requests_at_once_and_cancels_one():
     assert parts[2] == ["p2-0 ", "p2-1 ", "p2-2 "]
     conn.put(encode_cancel(Cancel(3)))
     cancelled = conn.next()
-    assert cancelled.seq == 3 and decode_result(cancelled).items[0].code == CANCELLED_STATUS
+    assert cancelled.seq == 3 and failed(decode_result(cancelled).items[0]).code == CANCELLED_STATUS
     conn.put(predict(4, {"open": True}))
-    done = {}
+    done: dict[int, ResultItem] = {}
     while len(done) < 3:
         frame = conn.next()
-        done[frame.seq] = decode_result(frame).items[0]
+        done[frame.seq] = ok(decode_result(frame).items[0])
     assert done[1].body == b"p1-0 p1-1 p1-2 " and done[4].body == b"opened"
     conn.put(predict(5, {"stats": True}))
-    assert json.loads(decode_result(conn.next()).items[0].body) == {"most": 3}
+    assert json.loads(ok(decode_result(conn.next()).items[0]).body) == {"most": 3}
     conn.put(Frame(MsgType.SHUTDOWN, 0))
     thread.join(WAIT)
     assert code == [0]
