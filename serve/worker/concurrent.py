@@ -118,6 +118,8 @@ class _Batch:
     answers: list[ResultItem | ErrorItem | None]
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def complete(self) -> bool:
@@ -128,6 +130,9 @@ class _Batch:
         timings = {"handler": now - self.started}
         if self.first_token is not None:
             timings["first_token"] = self.first_token - self.started
+        # Token counts ride with the timings (`serve.metrics.prometheus` counts them apart).
+        timings["prompt_tokens"] = float(self.prompt_tokens)
+        timings["completion_tokens"] = float(self.completion_tokens)
         items = [a for a in self.answers if a is not None]
         return BatchResult(items, timings)
 
@@ -232,6 +237,8 @@ class EngineLoop:
                 if len(batch.requests) == 1:  # parts align with the batch's one request
                     self._send_part(batch.seq, event.part)
                 continue
+            batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
+            batch.completion_tokens += event.usage.get("completion_tokens", 0)
             request_id = batch.requests[owner[1]].request_id
             if event.error is not None:
                 answer: ResultItem | ErrorItem = _error(event.error, request_id)

@@ -100,6 +100,9 @@ def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None
     (worker,) = server.describe("tiny")[0]["workers"]
     assert worker["limits"]["slots"] == 2 and worker["limits"]["max_running_sequences"] == 2
     assert worker["limits"]["prefill_chunk_tokens"] == 8 and worker["runningRequests"] == 0
+    text = httpx.get(f"{server.metrics}/metrics", timeout=30).text
+    assert 'serve_generation_tokens_total{model="tiny",version="1.0"}' in text
+    assert 'serve_time_to_first_token_seconds_count{model="tiny",version="1.0"}' in text
 
 
 def test_a_late_request_joins_a_running_stream_and_bad_input_is_a_4xx(
