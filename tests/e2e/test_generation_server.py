@@ -29,13 +29,19 @@ CONFIG = {
     "responseTimeout": 120,
     "handler": {"max_running_sequences": 2, "prefill_chunk_tokens": 8},
 }
-LONG = {"prompt": "the quick brown fox", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+# Far longer than any test runs: such a stream ends when the test drops it (freeing its slot).
+LONG = {"prompt": "the quick brown fox", "max_tokens": 6000, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llm")
     save_pretrained(path)
+    # Rotary positions go past the 256 it was built with: long streams that are surely still
+    # running while the test sends other requests (the tiny model takes milliseconds a step).
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 
@@ -105,22 +111,33 @@ def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None
     assert 'serve_time_to_first_token_seconds_count{model="tiny",version="1.0"}' in text
 
 
+def running_on(server: LanternServer, model: str = "tiny") -> float:
+    """``serve_num_requests_running`` of ``model`` (requests on its workers' slots now)."""
+    text = httpx.get(f"{server.metrics}/metrics", timeout=30).text
+    prefix = f'serve_num_requests_running{{model="{model}",version="1.0"}} '
+    (line,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(line[len(prefix) :])
+
+
 def test_a_late_request_joins_a_running_stream_and_bad_input_is_a_4xx(
     server: LanternServer, folder: Path
 ) -> None:
-    with stream(server, LONG) as running:
-        assert running.status_code == 200
-        parts = running.iter_bytes()
+    expected = greedy(folder, "héllo", 5)
+    with stream(server, LONG) as long_stream:
+        assert long_stream.status_code == 200
+        parts = long_stream.iter_bytes()
         assert next(parts)  # the long stream has begun
+        assert running_on(server) == 1
         body = {"prompt": "héllo", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
-        late = generate(server, body)  # answered while the long stream still runs
+        late = generate(server, body)
         assert late.status_code == 200, late.text
-        assert late.json()["tokens"] == greedy(folder, "héllo", 5)
+        assert late.json()["tokens"] == expected
         assert generate(server, {"prompt": "x", "temprature": 0}).status_code == 400
         assert generate(server, {"prompt": ""}).status_code == 400
         assert generate(server, b"\xff\xfe not utf-8").status_code == 400
         assert generate(server, {"prompt": "x", "max_tokens": -1}).status_code == 400
-        assert next(parts)  # and it goes on
+        assert running_on(server) == 1  # all answered while the long stream ran beside them
+        assert next(parts)
 
 
 def test_a_client_that_drops_a_stream_frees_its_slot(server: LanternServer) -> None:
@@ -133,6 +150,9 @@ def test_a_client_that_drops_a_stream_frees_its_slot(server: LanternServer) -> N
         short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
         response = generate(server, short)
         assert response.status_code == 200 and len(response.json()["tokens"]) == 3
+        # Served while the held stream (older than the dropped one, as long) still runs: the
+        # dropped stream's slot was freed, not waited out.
+        assert running_on(server) == 1
         assert next(held_parts)
 
 

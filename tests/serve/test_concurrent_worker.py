@@ -138,7 +138,7 @@ def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(ser
             results[frame.seq] = decode_result(frame).items[0]
         return frame
 
-    conn.put(predict(1, body("the quick brown fox", 40)))
+    conn.put(predict(1, body("the quick brown fox", 200)))
     while not parts[1]:
         read()
     conn.put(predict(2, body("a model server answers", 6)))  # joins the running batch
@@ -159,7 +159,7 @@ def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(ser
     while 1 not in results:
         read()
     assert isinstance(results[1], ErrorItem) and results[1].code == CANCELLED_STATUS
-    assert parts[1] == greedy(service, "the quick brown fox", 40)[: len(parts[1])]
+    assert parts[1] == greedy(service, "the quick brown fox", 200)[: len(parts[1])]
     assert engine.stats()["reserved_tokens"] == 0 and not engine.has_work()
     conn.put(Frame(MsgType.SHUTDOWN, 0))
     thread.join(WAIT)
