@@ -12,7 +12,7 @@ from tests.serve.test_metrics import no_gpu_metrics, parse, samples
 
 
 def test_a_generative_request_records_latencies_and_token_counts_not_phases() -> None:
-    async def scenario() -> str:
+    async def scenario() -> bytes:
         m = no_gpu_metrics()
         loop = asyncio.get_running_loop()
         now = time.monotonic()
