@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -181,3 +182,30 @@ def test_the_slot_budget_comes_from_the_worker() -> None:
     assert placement.per_worker(settings) == 6
     placement.learn({})
     assert placement.per_worker(settings) == 6
+
+
+def test_retire_drains_a_ready_slot_worker_that_still_runs_requests() -> None:
+    from tests.serve.test_pool import _pool, _recording
+
+    procs: list[Any] = []  # tests.serve.test_pool's _Proc, given an in_flight count here
+
+    async def scenario() -> None:
+        pool = _pool(_recording(procs))
+        slot = pool.add()
+        await asyncio.wait_for(pool.wait_loaded(), 5)
+        worker = procs[0]
+        worker.in_flight = 2  # READY (a free slot) yet running two requests
+        pool.retire(slot)
+        for _ in range(10):  # what the old rule scheduled would have run by now
+            await asyncio.sleep(0)
+        assert not worker.stopped
+        worker.in_flight = 1
+        pool.batch_finished(worker)  # one of them ended: the other still runs
+        await asyncio.sleep(0)
+        assert not worker.stopped
+        worker.in_flight = 0
+        pool.batch_finished(worker)  # the last one: now it stops
+        await until(lambda: worker.stopped)
+        await pool.stop()
+
+    asyncio.run(scenario())
