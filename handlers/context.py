@@ -109,6 +109,8 @@ class Context:
         # TorchServe handlers occasionally poke at the worker socket; there is none to reach here.
         self.cl_socket = None
         self.stopping_criteria: list | None = None
+        # Per-request state a continuous-batching handler keeps across steps (TorchServe's habit).
+        self.cache: dict = {}
         self.header_key_sequence_id = SEQUENCE_ID_HEADER
         self.header_key_sequence_start = SEQUENCE_START_HEADER
         self.header_key_sequence_end = SEQUENCE_END_HEADER

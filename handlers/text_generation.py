@@ -14,7 +14,9 @@ Two ways to drive it, one engine (`handlers.generation.engine.Engine`) under bot
 * otherwise, one ``handle`` call runs its batch to completion; rows that asked for
   ``"stream": true`` get each step's text through ``send_intermediate_predict_response``.
 
-A worker that drives the engine directly (docs/generation.md) uses ``handler.engine``.
+A worker that runs many requests at once (`serve.worker.concurrent`, the default for this handler
+without ``continuousBatching``) drives the engine directly through ``request_streams()``: each
+request joins the engine's next step as it arrives and streams its tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from handlers.exceptions import PredictionException
 from handlers.generation.engine import Engine, StepOutput
 from handlers.generation.loading import engine_limits, load_model
 from handlers.generation.params import GenerationRequest, parse_request
+from handlers.generation.streams import RequestStreams
+from handlers.generation.streams import logprobs_rows as _logprobs
+from handlers.generation.streams import usage as _usage
 from handlers.streaming import send_intermediate_predict_response
 
 logger = logging.getLogger(__name__)
@@ -38,23 +43,6 @@ def _payload(row: Any) -> Any:
         value = row.get("data")
         return value if value is not None else row.get("body")
     return row
-
-
-def _logprobs(out: StepOutput) -> list[dict] | None:
-    if out.logprobs is None:
-        return None
-    return [
-        {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
-        for lp in out.logprobs
-    ]
-
-
-def _usage(out: StepOutput) -> dict[str, int]:
-    return {
-        "prompt_tokens": out.prompt_tokens,
-        "completion_tokens": out.completion_tokens,
-        "total_tokens": out.prompt_tokens + out.completion_tokens,
-    }
 
 
 class TextGenerationHandler:
@@ -100,6 +88,13 @@ class TextGenerationHandler:
         except Exception as exc:  # a template that raises on these messages
             raise PredictionException(f"the chat template failed: {exc}", 400) from None
         return str(text)
+
+    def request_streams(self) -> RequestStreams | None:
+        """The engine for a worker to drive request by request; None in continuous-batching mode
+        (TorchServe's one-``handle``-per-step contract)."""
+        if self.engine is None or self.continuous:
+            return None
+        return RequestStreams(self.engine)
 
     def describe(self) -> dict[str, Any]:
         """The engine's limits and live counts (for ``describe``)."""
@@ -214,7 +209,7 @@ class TextGenerationHandler:
                         continue
                     # A streamed row's parts carried the earlier text: its answer is the last part.
                     whole = not streaming[out.request_id]
-                    result = {
+                    result: dict[str, Any] = {
                         "text": "".join(texts[out.request_id]) if whole else out.text,
                         "tokens": tokens[out.request_id] if whole else out.token_ids,
                         "finish_reason": out.finish_reason,

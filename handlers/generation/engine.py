@@ -97,7 +97,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self._limits = limits
-        self.scheduler = Scheduler(limits)
+        self.scheduler: Scheduler[Sequence] = Scheduler(limits)
         self.batch = BatchCache()
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -244,7 +244,7 @@ class Engine:
         self.batch.advanced(cache)
         return [self._emit(seq, logits[i]) for i, seq in enumerate(order)]
 
-    def _prefill(self, chunk: PrefillChunk) -> StepOutput | None:
+    def _prefill(self, chunk: PrefillChunk[Sequence]) -> StepOutput | None:
         seq = chunk.sequence
         assert isinstance(seq, Sequence)
         ids = torch.tensor([seq.prompt_ids[chunk.start : chunk.end]], dtype=torch.long)
@@ -263,7 +263,7 @@ class Engine:
         seq.cache = None
         return self._emit(seq, logits[0])
 
-    def _prefill_together(self, chunks: list[PrefillChunk]) -> list[StepOutput]:
+    def _prefill_together(self, chunks: list[PrefillChunk[Sequence]]) -> list[StepOutput]:
         """Prefill whole prompts in one left-padded batch, then join each to the running batch."""
         seqs = [c.sequence for c in chunks]
         assert all(isinstance(seq, Sequence) for seq in seqs)

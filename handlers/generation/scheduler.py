@@ -12,14 +12,25 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Schedulable(Protocol):
-    request_id: str
-    prompt_len: int
-    reserved: int  # cache positions held while admitted: prompt + max_tokens
+    """What the scheduler reads of a sequence (``prefilled`` is the one field it writes)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def prompt_len(self) -> int: ...
+
+    @property
+    def reserved(self) -> int: ...  # cache positions held while admitted: prompt + max_tokens
+
     prefilled: int  # prompt tokens already in its cache
+
+
+S = TypeVar("S", bound=Schedulable)
 
 
 @dataclass(frozen=True)
@@ -36,10 +47,10 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
+class PrefillChunk(Generic[S]):
     """Prompt tokens ``[start, end)`` of one sequence to run through the model this step."""
 
-    sequence: Schedulable
+    sequence: S
     start: int
     end: int
 
@@ -48,14 +59,14 @@ class PrefillChunk:
         return self.end == self.sequence.prompt_len
 
 
-class Scheduler:
+class Scheduler(Generic[S]):
     """Waiting, prefilling and running sequences of one engine, within its limits."""
 
     def __init__(self, limits: EngineLimits) -> None:
         self.limits = limits
-        self.waiting: deque[Schedulable] = deque()
-        self.prefilling: list[Schedulable] = []
-        self.running: list[Schedulable] = []
+        self.waiting: deque[S] = deque()
+        self.prefilling: list[S] = []
+        self.running: list[S] = []
         self.reserved_tokens = 0
 
     @property
@@ -65,12 +76,12 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.waiting) + self.admitted
 
-    def add(self, sequence: Schedulable) -> None:
+    def add(self, sequence: S) -> None:
         self.waiting.append(sequence)
 
-    def admit(self) -> list[Schedulable]:
+    def admit(self) -> list[S]:
         """Move waiting sequences to prefill while the budget allows; returns those moved."""
-        moved = []
+        moved: list[S] = []
         while self.waiting and self.admitted < self.limits.max_running_sequences:
             head = self.waiting[0]
             if self.reserved_tokens + head.reserved > self.limits.max_cached_tokens:
@@ -81,10 +92,10 @@ class Scheduler:
             moved.append(head)
         return moved
 
-    def plan_prefill(self) -> list[PrefillChunk]:
+    def plan_prefill(self) -> list[PrefillChunk[S]]:
         """This step's prefill work: up to ``prefill_chunk_tokens`` prompt tokens, oldest first."""
         budget = self.limits.prefill_chunk_tokens
-        chunks = []
+        chunks: list[PrefillChunk[S]] = []
         for seq in self.prefilling:
             if budget <= 0:
                 break
@@ -93,7 +104,7 @@ class Scheduler:
             budget -= n
         return chunks
 
-    def prefilled(self, chunk: PrefillChunk) -> None:
+    def prefilled(self, chunk: PrefillChunk[S]) -> None:
         """Record a chunk as done; the last chunk moves its sequence to the running batch."""
         seq = chunk.sequence
         seq.prefilled = chunk.end
@@ -101,7 +112,7 @@ class Scheduler:
             self.prefilling.remove(seq)
             self.running.append(seq)
 
-    def remove(self, sequence: Schedulable) -> None:
+    def remove(self, sequence: S) -> None:
         """Take a sequence out wherever it is (finished, cancelled or failed); frees its budget."""
         for group in (self.prefilling, self.running):
             if sequence in group:
@@ -111,7 +122,7 @@ class Scheduler:
         if sequence in self.waiting:
             self.waiting.remove(sequence)
 
-    def find(self, request_id: str) -> Schedulable | None:
+    def find(self, request_id: str) -> S | None:
         for group in (self.running, self.prefilling, self.waiting):
             for seq in group:
                 if seq.request_id == request_id:

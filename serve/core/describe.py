@@ -54,7 +54,7 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
 
 def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
     pid = info.pid
-    return {
+    data: dict[str, Any] = {
         "id": info.worker_id,
         "startTime": _iso(info.started_at if info.started_at is not None else time.time()),
         "status": _worker_status(info),
@@ -65,6 +65,10 @@ def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
         "warmupSeconds": info.warmup_seconds or 0.0,
         "gpuMemoryUsage": info.gpu_memory or 0,
     }
+    if info.limits:  # it runs many requests at once (serve/worker/concurrent.py)
+        data["limits"] = info.limits
+        data["runningRequests"] = info.in_flight
+    return data
 
 
 def _worker_status(info: WorkerInfo) -> str:

@@ -206,11 +206,54 @@ class Dispatcher:
             )
             worker.kill()
 
-        watchdog = loop.call_later(hard_limit, kill_stuck)
-        try:
-            outcome = await worker.run_batch(
+        call = asyncio.ensure_future(
+            worker.run_batch(
                 [job.item for job in jobs], lambda chunks: _deliver_chunks(jobs, chunks)
             )
+        )
+        cancelled_for_time = False
+        cancelled = False  # by this dispatcher (not the task awaiting it)
+        if getattr(self.placement, "cancels_requests", False):
+            # A worker with slots drops one request (CANCEL) instead of being killed: when its
+            # client leaves or its deadline passes, and past the hard limit.
+            def cancel_if_gone(_: object = None) -> None:
+                nonlocal cancelled
+                if not call.done() and all(job.gone for job in jobs):
+                    cancelled = True
+                    call.cancel()
+
+            def cancel_stuck() -> None:
+                nonlocal cancelled_for_time, cancelled
+                if call.done():
+                    return
+                cancelled_for_time = cancelled = True
+                logger.error(
+                    "A request on worker %s ran past its hard limit of %.1f s; cancelling it",
+                    worker.worker_id,
+                    hard_limit,
+                )
+                call.cancel()
+
+            for job in jobs:
+                job.on_abandon = cancel_if_gone
+                job.future.add_done_callback(cancel_if_gone)
+            watchdog = loop.call_later(hard_limit, cancel_stuck)
+        else:
+            watchdog = loop.call_later(hard_limit, kill_stuck)
+        try:
+            try:
+                outcome = await asyncio.shield(call)
+            except asyncio.CancelledError:
+                if not cancelled:  # the awaiting task itself is cancelled: so is the call
+                    call.cancel()
+                    raise
+                raise _Cancelled() from None
+        except _Cancelled:
+            error = GatewayTimeout("The request ran past its hard time limit and was cancelled.")
+            if not cancelled_for_time:
+                error = GatewayTimeout("The request was cancelled (client gone or deadline).")
+            self.placement.settle(worker.worker_id, jobs, [error for _ in jobs])
+            return
         except WorkerDied:
             if killed_for_time:
                 self.placement.settle(
@@ -277,6 +320,10 @@ class Dispatcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), max(0.0, timeout - (loop.time() - start)))
         self.fail_queued(ShuttingDown("The model was unloaded before the request ran."))
+
+
+class _Cancelled(Exception):
+    """This dispatcher cancelled a worker call: its requests are gone or past the hard limit."""
 
 
 def _answers(jobs: list[Job], results: list[ItemResult | ServeError]) -> list[Answer]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ class ItemResult:
     headers: dict[str, str] = field(default_factory=dict)
     # For a streaming handler: the later chunks, then the final result or error, then None.
     stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
+    # Called by the edge when its client leaves a stream before the end (`Job.abandon`).
+    abandon: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)
@@ -82,10 +85,26 @@ class Job:
     dispatched_at: float = 0.0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     stream: asyncio.Queue[ItemResult | ServeError | None] | None = field(default=None, repr=False)
+    abandoned: bool = False  # its client left a stream before the end
+    on_abandon: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
         return self.future.done()
+
+    @property
+    def gone(self) -> bool:
+        """Nobody waits for it any more: its client left, or it was answered with an error
+        (its deadline passed) before the worker finished it."""
+        if self.abandoned or self.future.cancelled():
+            return True
+        return self.future.done() and self.future.exception() is not None
+
+    def abandon(self) -> None:
+        """The client left the stream: the worker may stop generating for it."""
+        self.abandoned = True
+        if self.on_abandon is not None:
+            self.on_abandon()
 
     def push_chunk(self, chunk: ItemResult) -> None:
         """An intermediate chunk from a streaming handler.
@@ -104,6 +123,7 @@ class Job:
                     chunk.content_type,
                     dict(chunk.headers),
                     stream=self.stream,
+                    abandon=self.abandon,
                 )
             )
 

@@ -21,6 +21,7 @@ from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerStat
 from serve.core.placement import Placement
 from serve.core.pool import ManagedWorker, WorkerInfo, WorkerPool, WorkerSlot
 from serve.core.sequences import SequenceSettings, make_dispatcher
+from serve.core.slots import SlotPlacement, runs_many_at_once
 from serve.core.threads import ThreadBudget, ThreadDemand
 from serve.wire.errors import ShuttingDown
 from serve.wire.messages import WorkerSpec
@@ -124,6 +125,10 @@ class ModelVersion:
             self.sequences,
             on_outcome=self._observe,
         )
+        handler = source.handler or (source.manifest.get("model") or {}).get("handler")
+        if runs_many_at_once(source.model_config, handler):
+            # Many requests in flight per worker, up to the budget it reports in LOADED.
+            self.dispatcher.placement = SlotPlacement(settings.job_queue_size)
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
         # The server-wide intra-op thread budget (set by the registry); None: this version's
@@ -313,6 +318,10 @@ class ModelVersion:
                 set_threads(threads)
 
     def _worker_ready(self) -> None:
+        placement = self.dispatcher.placement
+        if isinstance(placement, SlotPlacement):
+            for worker in self.pool.workers():
+                placement.learn(getattr(worker, "limits", None) or {})
         if self.thread_budget is not None:  # the budget may have moved while it started
             self.apply_threads(self.threads_per_worker())
         self.dispatcher.schedule()

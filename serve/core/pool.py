@@ -112,6 +112,10 @@ class WorkerInfo:
     last_error: str | None
     warmup_seconds: float | None = None  # what its warm-up took (serve/worker/warmup.py)
     gpu_memory: int | None = None  # bytes torch holds on its GPU once loaded and warm
+    # A worker that runs many requests at once: its slots and engine limits (from LOADED) and
+    # the requests it runs now.
+    limits: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -163,7 +167,8 @@ class WorkerPool:
             if slot.process is not worker:
                 continue
             if slot.retiring:
-                self._background(self._stop_slot(slot))
+                if not _in_flight(worker):  # the last of a slot worker's requests
+                    self._background(self._stop_slot(slot))
             elif worker.state == WorkerState.READY:
                 self._check_memory(slot)
 
@@ -219,7 +224,8 @@ class WorkerPool:
         slot.retiring = True
         slot.settled.set()
         proc = slot.process
-        if proc is None or proc.state != WorkerState.BUSY:
+        # A worker with slots may be READY while it runs requests: it drains them first.
+        if proc is None or (proc.state != WorkerState.BUSY and not _in_flight(proc)):
             self._background(self._stop_slot(slot))
 
     async def wait_loaded(self) -> None:
@@ -376,4 +382,11 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         last_error=slot.last_error,
         warmup_seconds=(getattr(proc, "warmup", None) or {}).get("seconds"),
         gpu_memory=getattr(proc, "gpu_memory", None),
+        limits=dict(getattr(proc, "limits", None) or {}),
+        in_flight=_in_flight(proc) if proc is not None else 0,
     )
+
+
+def _in_flight(worker: object) -> int:
+    """Batches a worker still runs (`WorkerProcess.in_flight`; 0 for a worker without it)."""
+    return int(getattr(worker, "in_flight", 0) or 0)

@@ -13,7 +13,8 @@ to stream) and errors are plain batching's (`serve.core.batching.BatchPlacement`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from serve.config import ModelSettings
 from serve.core.batching import BatchPlacement
@@ -46,9 +47,18 @@ class SlotPlacement(BatchPlacement):
     does not apply: a request never waits for others to fill a batch.
     """
 
+    # The dispatcher cancels one request on such a worker (CANCEL) rather than kill the worker.
+    cancels_requests = True
+
     def __init__(self, capacity: int, slots: int | None = None) -> None:
         super().__init__(capacity)
         self.slots = slots
+
+    def learn(self, limits: Mapping[str, int]) -> None:
+        """Take the budget a worker reported in LOADED (``slots``), when it reported one."""
+        slots = limits.get("slots")
+        if slots and slots > 0:
+            self.slots = int(slots)
 
     def per_worker(self, settings: ModelSettings) -> int:
         return max(1, self.slots or settings.batch_size)
@@ -63,3 +73,15 @@ class SlotPlacement(BatchPlacement):
                 break
             plan.batches.append((worker_id, jobs))
         return plan
+
+
+def runs_many_at_once(model_config: Mapping[str, Any], handler: str | None) -> bool:
+    """Whether a model's workers keep many requests in flight (`serve.worker.concurrent`):
+    ``asyncCommunication: true``, or the built-in ``text_generation`` handler driving its engine
+    (not in TorchServe's ``continuousBatching`` mode, one ``handle`` per step)."""
+    if model_config.get("sequenceBatching"):
+        return False
+    if model_config.get("asyncCommunication"):
+        return True
+    name = (handler or "").split(":")[0]
+    return name == "text_generation" and not model_config.get("continuousBatching")

@@ -173,12 +173,19 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
     assert stream is not None
 
     async def chunks() -> AsyncIterator[bytes]:
-        yield first.body
-        while (item := await stream.get()) is not None:
-            if isinstance(item, ServeError):
-                logger.error("Request %s failed mid-stream: %s", rid, item.message)
-                return
-            yield item.body
+        ended = False
+        try:
+            yield first.body
+            while (item := await stream.get()) is not None:
+                if isinstance(item, ServeError):
+                    ended = True
+                    logger.error("Request %s failed mid-stream: %s", rid, item.message)
+                    return
+                yield item.body
+            ended = True
+        finally:
+            if not ended and first.abandon is not None:  # the client left: free its slot
+                first.abandon()
 
     headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
     media_type = first.content_type  # none for raw bytes, as in TorchServe

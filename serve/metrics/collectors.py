@@ -50,12 +50,28 @@ class ServingCollector(_RegistryCollector):
             "Resident memory of each worker process.",
             labels=[*_MODEL, "worker"],
         )
+        # Models whose workers run many requests at once (a generative engine, asyncCommunication):
+        # vLLM's vllm:num_requests_running / _waiting, under Lantern's prefix.
+        running = GaugeMetricFamily(
+            "serve_num_requests_running",
+            "Requests running on workers with slots (generative engines, asyncCommunication).",
+            labels=_MODEL,
+        )
+        waiting = GaugeMetricFamily(
+            "serve_num_requests_waiting",
+            "Requests waiting for a slot on such workers.",
+            labels=_MODEL,
+        )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
             depth.add_metric(key, mv.pending_requests())
             in_flight.add_metric(key, mv.in_flight)
+            infos = mv.workers()
+            if any(info.limits for info in infos):
+                running.add_metric(key, sum(info.in_flight for info in infos))
+                waiting.add_metric(key, mv.pending_requests())
             counts = dict.fromkeys(_WORKER_STATES, 0)
-            for info in mv.workers():
+            for info in infos:
                 state = info.state
                 counts[state.value] = counts.get(state.value, 0) + 1
                 if info.pid is not None and state is not WorkerState.DEAD:
@@ -65,6 +81,8 @@ class ServingCollector(_RegistryCollector):
             for state_name, count in counts.items():
                 workers.add_metric([*key, state_name], count)
         yield from (depth, in_flight, workers, rss)
+        if running.samples:
+            yield from (running, waiting)
 
 
 class UpdateCollector(_RegistryCollector):

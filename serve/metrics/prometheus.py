@@ -66,6 +66,9 @@ _LATENCY_BUCKETS = (
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _MAX_PHASES = 16  # handler_timings keys come from handler code: keep the label set bounded
+# What a generative worker (serve/worker/concurrent.py) adds to a request's timings: counted in
+# the LLM series below, not observed as handler phases.
+_GENERATION_KEYS = frozenset({"first_token", "prompt_tokens", "completion_tokens"})
 
 
 class _RequestSeries:
@@ -83,9 +86,10 @@ class _RequestSeries:
 
 
 class _BatchSeries:
-    __slots__ = ("batch_size", "phases", "queue", "ts_queue")
+    __slots__ = ("batch_size", "metrics", "model", "phases", "queue", "ts_queue", "version")
 
     def __init__(self, metrics: ServerMetrics, model: str, version: str) -> None:
+        self.metrics, self.model, self.version = metrics, model, version
         self.batch_size = metrics.batch_size.labels(model, version)
         self.queue = metrics.queue_seconds.labels(model, version)
         self.ts_queue = metrics.torchserve.tally(_TS_QUEUE, model, version)
@@ -133,6 +137,35 @@ class ServerMetrics:
             [*model, "phase"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
+        )
+        # Generative models: vLLM's ``vllm:`` families' meanings, under Lantern's ``serve_``
+        # prefix (docs/generation.md), so that LLM dashboards can be pointed at them.
+        self.time_to_first_token = Histogram(
+            "serve_time_to_first_token_seconds",
+            "Generative requests: arrival to first token (queue wait included).",
+            model,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "serve_inter_token_latency_seconds",
+            "Generative requests: mean time between tokens after the first, one per request.",
+            model,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            "serve_e2e_request_latency_seconds",
+            "Generative requests: arrival to last token (queue wait included).",
+            model,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "serve_prompt_tokens", "Generative requests: prompt tokens.", model, registry=r
+        )
+        self.generation_tokens = Counter(
+            "serve_generation_tokens", "Generative requests: tokens generated.", model, registry=r
         )
         self.restarts = Counter(
             "serve_worker_restarts", "Worker processes restarted.", model, registry=r
@@ -204,8 +237,13 @@ class ServerMetrics:
             queue.observe(wait)
             ts_queue.value += wait * 1e6
         phases = series.phases
-        for phase, seconds in outcome.timings.items():
+        timings = outcome.timings
+        if "completion_tokens" in timings:
+            self._generation_done(series, jobs, timings)
+        for phase, seconds in timings.items():
             if not isinstance(seconds, (int, float)):  # handler_timings is handler-written
+                continue
+            if phase in _GENERATION_KEYS:
                 continue
             child = phases.get(phase)
             if child is None:
@@ -215,6 +253,27 @@ class ServerMetrics:
             child.observe(seconds)
         if outcome.metrics:
             self.handler.record(outcome.metrics)
+
+    def _generation_done(
+        self, series: _BatchSeries, jobs: list[Job], timings: dict[str, float]
+    ) -> None:
+        """A generative worker's request ended: its latencies and token counts."""
+        labels = (series.model, series.version)
+        try:
+            prompt = float(timings.get("prompt_tokens", 0.0))
+            generated = float(timings.get("completion_tokens", 0.0))
+            total = float(timings.get("handler", 0.0))
+            first = timings.get("first_token")
+        except (TypeError, ValueError):
+            return
+        waited = max(0.0, jobs[0].dispatched_at - jobs[0].arrived) if jobs else 0.0
+        self.prompt_tokens.labels(*labels).inc(max(0.0, prompt))
+        self.generation_tokens.labels(*labels).inc(max(0.0, generated))
+        self.e2e_latency.labels(*labels).observe(waited + total)
+        if isinstance(first, (int, float)):
+            self.time_to_first_token.labels(*labels).observe(waited + first)
+            if generated > 1:
+                self.inter_token_latency.labels(*labels).observe((total - first) / (generated - 1))
 
     def worker_restarted(self, model: str, version: str) -> None:
         self.restarts.labels(model, version).inc()

@@ -44,6 +44,7 @@ class MsgType(enum.IntEnum):
     LOG = 8  # reserved
     PARTIAL = 9  # worker → frontend: an intermediate (streamed) chunk for each batch item
     THREADS = 10  # frontend → worker: {"threads": n}, its new intra-op share (core/threads.py)
+    CANCEL = 11  # frontend → worker: stop the batch ``seq`` (client gone, deadline passed)
 
 
 class ProtocolError(Exception):

@@ -258,6 +258,9 @@ class Loaded:
     modules: list[str]  # the frameworks it imported (`serve.worker.spares.loaded_frameworks`)
     warmup: dict[str, Any]  # requests, batches, seconds
     gpu_memory: int | None = None  # bytes torch holds on its GPU; None: no CUDA through torch
+    # A worker that runs many requests at once (`serve.worker.concurrent`): its most in flight
+    # ("slots"), plus its engine's limits when it has one; empty for the one-batch-at-a-time loop.
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -280,6 +283,8 @@ def encode_load(outcome: Loaded | LoadFailed) -> Frame:
             "warmup": outcome.warmup,
             "gpu_memory": outcome.gpu_memory,
         }
+        if outcome.limits:  # only a worker that runs many requests at once has any
+            meta["limits"] = outcome.limits
         return Frame(MsgType.LOADED, 0, meta)
     return Frame(MsgType.LOAD_FAILED, 0, {"type": outcome.type, "message": outcome.message})
 
@@ -295,7 +300,27 @@ def decode_load(frame: Frame) -> Loaded | LoadFailed:
                 list(meta.get("modules") or []),
                 meta.get("warmup") or {},
                 meta.get("gpu_memory"),
+                {str(k): int(v) for k, v in (meta.get("limits") or {}).items()},
             )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed {frame.type.name} frame: {exc!r}"[:200]) from exc
     raise ProtocolError(f"a {frame.type.name} frame where LOADED or LOAD_FAILED belongs")
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop the batch ``seq`` on a worker that runs many at once: its client left or its
+    deadline passed. The worker still answers that batch with a RESULT (a cancelled error)."""
+
+    seq: int
+    reason: str = "cancelled"
+
+
+def encode_cancel(cancel: Cancel) -> Frame:
+    return Frame(MsgType.CANCEL, cancel.seq, {"reason": cancel.reason})
+
+
+def decode_cancel(frame: Frame) -> Cancel:
+    if frame.type != MsgType.CANCEL:
+        raise ProtocolError(f"a {frame.type.name} frame where CANCEL belongs")
+    return Cancel(frame.seq, str(frame.meta.get("reason") or "cancelled"))

@@ -393,9 +393,17 @@ def main(argv: list[str]) -> int:
         logger.error("Warm-up failed: %s", exc)
         conn.send(encode_load(LoadFailed("WarmupFailed", str(exc))))
         return 1
+    from serve.worker.concurrent import concurrent_loop
+
+    # A generative engine or an asyncCommunication handler keeps many requests in flight.
+    many = concurrent_loop(service, context, spec)
+    limits = many.limits if many is not None else {}
     # What it imported tells the server's spares what to preload (serve/worker/spares.py).
-    conn.send(encode_load(Loaded(os.getpid(), loaded_frameworks(), warmup, _gpu_memory(spec))))
+    loaded = Loaded(os.getpid(), loaded_frameworks(), warmup, _gpu_memory(spec), limits)
+    conn.send(encode_load(loaded))
     decode = spec.decode_input_request
+    if many is not None:
+        return many.run(conn, decode, lambda threads: _set_threads(threads, context))
     while True:
         frame = conn.receive()
         if frame is None or frame.type == MsgType.SHUTDOWN:

@@ -20,6 +20,7 @@ from serve.wire.frames import Frame, FrameDecoder, MsgType, ProtocolError, encod
 from serve.wire.log_records import decode_worker_line
 from serve.wire.messages import (
     BatchResult,
+    Cancel,
     ErrorItem,
     Loaded,
     LoadFailed,
@@ -28,6 +29,7 @@ from serve.wire.messages import (
     decode_load,
     decode_partial,
     decode_result,
+    encode_cancel,
     encode_predict,
 )
 from serve.wire.shm import Arena, send_arena
@@ -86,6 +88,9 @@ class WorkerProcess:
         self.exit_code: int | None = None
         self.warmup: dict[str, Any] = {}
         self.gpu_memory: int | None = None  # bytes torch holds, once loaded
+        # What a worker that runs many requests at once reported in LOADED ("slots", and its
+        # engine's limits); empty for the one-batch-at-a-time loop.
+        self.limits: dict[str, int] = {}
         # Large request bodies go through a shared-memory arena (serve/wire/shm.py); 0: inline only.
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
@@ -94,6 +99,11 @@ class WorkerProcess:
     @property
     def state(self) -> WorkerState:
         return self._state
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent and not yet answered (more than one on a worker with slots)."""
+        return len(self._pending)
 
     def change_state(self, wanted: WorkerState) -> bool:
         """The one way its state changes (the dispatcher and the pool ask here too)."""
@@ -160,6 +170,7 @@ class WorkerProcess:
                 self.spares.learn(self.modules)
             self.warmup = loaded.warmup  # requests, batches, seconds
             self.gpu_memory = loaded.gpu_memory
+            self.limits = loaded.limits
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
             self.change_state(WorkerState.READY)
         except BaseException:
@@ -317,8 +328,23 @@ class WorkerProcess:
             if self.arena is not None:
                 self.arena.release(seq)
             raise WorkerDied(f"Worker {self.worker_id} died.") from exc
-        result = await future
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            # The client left or the deadline passed: the worker drops the request and still
+            # answers it (that RESULT frees the arena space and is otherwise ignored).
+            self._pending.pop(seq, None)
+            self._partials.pop(seq, None)
+            self.cancel(seq)
+            raise
         return _outcome(result)
+
+    def cancel(self, seq: int, reason: str = "cancelled") -> None:
+        """Send CANCEL for batch ``seq`` (a worker with slots drops it; others ignore it)."""
+        if self._writer is None or self.state == WorkerState.DEAD:
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.writelines(encode(encode_cancel(Cancel(seq, reason))))
 
     def set_threads(self, threads: int) -> None:
         """Give a running worker a new intra-op thread share (applied before its next batch)."""

@@ -217,7 +217,7 @@ def test_a_failing_forward_ends_those_streams_and_the_engine_keeps_serving(
     real = engine._forward
     monkeypatch.setattr(engine, "_forward", lambda *a: (_ for _ in ()).throw(MemoryError("oom")))
     outs = engine.step()
-    assert [(o.request_id, o.finish_reason, o.error.error_code) for o in outs] == [
+    assert [(o.request_id, o.finish_reason, o.error and o.error.error_code) for o in outs] == [
         ("a", "error", 507)
     ]
     monkeypatch.setattr(engine, "_forward", real)
@@ -311,7 +311,7 @@ def test_penalties_change_greedy_output_and_logprobs_are_reported(model, tokeniz
     plain, pen = tokens(seen["plain"]), tokens(seen["pen"])
     assert plain != pen
     assert len(set(pen)) >= len(set(plain))
-    lps = [lp for o in seen["plain"] for lp in o.logprobs]
+    lps = [lp for o in seen["plain"] for lp in o.logprobs or []]
     assert [lp.token_id for lp in lps] == plain
     for lp in lps:  # greedy: the chosen token is the most likely one
         assert len(lp.top) == 2 and lp.top[0][0] == lp.token_id and lp.logprob <= 0

@@ -4,6 +4,7 @@ TorchServe's continuous-batching contract (one ``handle`` per step), per-row err
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -149,7 +150,7 @@ def test_continuous_batching_contract_one_handle_per_step(folder):
     """Drive it as TorchServe's frontend does: running ids each call, finished ones leave."""
     yaml_config = {"continuousBatching": True, "handler": {"prefill_chunk_tokens": 4}}
     service = load_service(folder, MANIFEST, make_context(folder, yaml_config))
-    bodies = {
+    bodies: dict[str, dict[str, Any]] = {
         "a": {
             "prompt": "the quick brown fox",
             "max_tokens": 8,
@@ -179,11 +180,12 @@ def test_continuous_batching_contract_one_handle_per_step(folder):
         context.request_ids = dict(enumerate(running))
         context.request_processor = None
         results = service.predict([{"body": bodies[r]} for r in running], context)
-        assert len(context.stopping_criteria) == len(running)
+        criteria = context.stopping_criteria
+        assert criteria is not None and len(criteria) == len(running)
         still = []
         for i, (request_id, result) in enumerate(zip(running, results, strict=True)):
             tokens[request_id] += result.get("tokens", [])
-            if context.stopping_criteria[i](result):
+            if criteria[i](result):
                 finished[request_id] = {"status": context.get_response_status(i)[0], **result}
             else:
                 still.append(request_id)

@@ -39,6 +39,8 @@ def build_model(vocab_size: int, eos_token_id: int, kind: str = "llama", seed: i
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    model: Any
+    config: Any
     if kind == "llama":
         config = LlamaConfig(
             vocab_size=vocab_size,

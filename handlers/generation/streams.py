@@ -1,0 +1,127 @@
+"""The engine as a worker drives it when requests arrive one by one (`serve.worker.concurrent`).
+
+Each request (one PREDICT item) is opened as it arrives and joins the engine's next step; every
+step yields `Event`s: a streamed part for a request that asked for ``"stream": true``, and the
+final answer (or error) of each request that ended. A streamed request's final answer holds only
+the last part, so its parts concatenate to the whole text, as in the handler's batch mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.exceptions import PredictionException
+from handlers.generation.engine import FINISH_CANCELLED, Engine, StepOutput
+from handlers.generation.params import GenerationRequest
+
+
+@dataclass
+class Event:
+    """What one request produced in one step: a ``part`` to stream, or its ``result``/``error``."""
+
+    request_id: str
+    part: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    error: PredictionException | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+@dataclass
+class _Open:
+    stream: bool
+    texts: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+
+
+def logprobs_rows(out: StepOutput) -> list[dict] | None:
+    """The step's log-probabilities as JSON rows (None when the request did not ask)."""
+    if out.logprobs is None:
+        return None
+    return [
+        {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+        for lp in out.logprobs
+    ]
+
+
+def usage(out: StepOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+    }
+
+
+class RequestStreams:
+    """Open requests on one engine, each with its text so far."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._open: dict[str, _Open] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._open
+
+    def open(self, request_id: str, request: GenerationRequest) -> None:
+        """Add a parsed request to the engine; raises `PredictionException` (400/507)."""
+        self.engine.add(request_id, request)
+        self._open[request_id] = _Open(request.stream)
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request before the next step's forward; its cancelled event comes then."""
+        return request_id in self._open and self.engine.cancel(request_id)
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> list[Event]:
+        """One engine step: the events of the requests that produced something or ended."""
+        events = []
+        for out in self.engine.step():
+            state = self._open.get(out.request_id)
+            if state is None:  # added to the engine by someone else
+                continue
+            state.texts.append(out.text)
+            state.tokens.extend(out.token_ids)
+            state.logprobs.extend(logprobs_rows(out) or [])
+            if not out.finished:
+                if state.stream and (out.text or out.token_ids):
+                    events.append(Event(out.request_id, part=self._part(out)))
+                continue
+            del self._open[out.request_id]
+            events.append(self._final(out, state))
+        return events
+
+    @staticmethod
+    def _part(out: StepOutput) -> dict[str, Any]:
+        part: dict[str, Any] = {"text": out.text, "tokens": out.token_ids}
+        rows = logprobs_rows(out)
+        if rows is not None:
+            part["logprobs"] = rows
+        return part
+
+    @staticmethod
+    def _final(out: StepOutput, state: _Open) -> Event:
+        counts = usage(out)
+        if out.error is not None:
+            return Event(out.request_id, error=out.error, usage=counts)
+        if out.finish_reason == FINISH_CANCELLED:
+            error = PredictionException("the request was cancelled", 499)
+            return Event(out.request_id, error=error, usage=counts)
+        result: dict[str, Any] = {
+            "text": out.text if state.stream else "".join(state.texts),
+            "tokens": out.token_ids if state.stream else state.tokens,
+            "finish_reason": out.finish_reason,
+            "usage": counts,
+        }
+        if state.logprobs:
+            result["logprobs"] = logprobs_rows(out) if state.stream else state.logprobs
+        return Event(out.request_id, result=result, usage=counts)

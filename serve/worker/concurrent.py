@@ -1,0 +1,420 @@
+"""Worker loops that keep many requests in flight: a generative engine's, ``asyncCommunication``.
+
+The classic loop (`serve.worker.main`) runs one PREDICT to its RESULT before reading the next
+frame. The loops here read frames on a thread of their own (`Inbox`) and go on taking PREDICTs
+while earlier ones run; the frontend's slot placement (`serve.core.slots`) sends each request as a
+batch of one, up to the budget reported in LOADED (``Loaded.limits["slots"]``).
+
+* `EngineLoop`: a handler with ``request_streams()`` (the built-in ``text_generation``). Each
+  request is added to the engine as it arrives and joins its next step; a streamed request's parts
+  go out as PARTIAL frames, the final RESULT ends it; CANCEL drops it before the next forward.
+* `AsyncLoop`: ``asyncCommunication: true`` (TorchServe's key). The handler's ``handle`` may be a
+  coroutine; each request runs as its own task on one asyncio loop, with a context of its own, and
+  ``send_intermediate_predict_response`` streams its parts; CANCEL cancels that task.
+
+A cancelled request is still answered (a RESULT whose error says so), so the frontend's books
+close either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import (
+    BatchResult,
+    ErrorItem,
+    PartialItem,
+    PredictItem,
+    ResultItem,
+    decode_cancel,
+    decode_predict,
+    encode_partial,
+    encode_result,
+)
+
+logger = logging.getLogger("serve.worker")
+
+CANCELLED_STATUS = 499  # the client closed the request (nginx's code); it never reaches one
+
+
+class Connection(Protocol):
+    def send(self, frame: Frame) -> None: ...
+
+    def receive(self) -> Frame | None: ...
+
+
+class Inbox:
+    """Frames read on a thread of their own, so the loop can step while none arrive.
+
+    ``None`` in the queue is the end of the stream (the frontend closed the socket)."""
+
+    def __init__(self, conn: Connection, on_frame: Callable[[Frame | None], None]) -> None:
+        self._conn = conn
+        self._on_frame = on_frame
+        self._thread = threading.Thread(target=self._read, name="frame-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while (frame := self._conn.receive()) is not None:
+                self._on_frame(frame)
+        except Exception:  # a broken stream ends the worker as a closed one does
+            logger.exception("Reading from the frontend failed")
+        self._on_frame(None)
+
+
+def decode_row(req: PredictItem, decode: bool) -> dict[str, Any]:
+    """One request's fields as a handler row (as `serve.worker.main.run_items` builds it);
+    raises `PredictionException` for input that cannot be decoded."""
+    from handlers.inputs import decode_value
+
+    row: dict[str, Any] = {}
+    for name, content_type, raw in req.params:
+        value = decode_value(raw, content_type) if decode else raw
+        if name in row:
+            prev = row[name]
+            row[name] = [*prev, value] if isinstance(prev, list) else [prev, value]
+        else:
+            row[name] = value
+    return row
+
+
+def _error(exc: Any, request_id: str) -> ErrorItem:
+    return ErrorItem(int(exc.error_code), "PredictionException", str(exc.message), request_id)
+
+
+def _cancelled(request_id: str) -> ErrorItem:
+    return ErrorItem(CANCELLED_STATUS, "Cancelled", "the request was cancelled", request_id)
+
+
+def _result(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> ResultItem:
+    from handlers.output import encode_output
+
+    body, content_type = encode_output(value)
+    return ResultItem(status, content_type, dict(headers or {}), body)
+
+
+# ----- the engine loop -----------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """One PREDICT frame in flight: one answer per item, sent together when all are in."""
+
+    seq: int
+    requests: list[PredictItem]
+    answers: list[ResultItem | ErrorItem | None]
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return all(answer is not None for answer in self.answers)
+
+    def result(self) -> BatchResult:
+        now = time.perf_counter()
+        timings = {"handler": now - self.started}
+        if self.first_token is not None:
+            timings["first_token"] = self.first_token - self.started
+        # Token counts ride with the timings (`serve.metrics.prometheus` counts them apart).
+        timings["prompt_tokens"] = float(self.prompt_tokens)
+        timings["completion_tokens"] = float(self.completion_tokens)
+        items = [a for a in self.answers if a is not None]
+        return BatchResult(items, timings)
+
+
+class EngineLoop:
+    """Drives a handler's `RequestStreams` step by step, taking new requests between steps."""
+
+    def __init__(self, service: Any, context: Any, streams: Any, slots: int) -> None:
+        self.service = service
+        self.context = context
+        self.streams = streams
+        self.handler = service.handler
+        self.slots = slots
+        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self._batches: dict[int, _Batch] = {}
+        self._owner: dict[str, tuple[int, int]] = {}  # engine id -> (seq, item index)
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return {"slots": self.slots, **self.streams.engine.limits().as_dict()}
+
+    def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
+        self._conn = conn
+        Inbox(conn, self._inbox.put).start()
+        while True:
+            for frame in self._take(block=not self.streams.has_work()):
+                if frame is None or frame.type == MsgType.SHUTDOWN:
+                    return 0
+                if frame.type == MsgType.THREADS:
+                    on_threads(int(frame.meta["threads"]))
+                elif frame.type == MsgType.PREDICT:
+                    self._arrive(frame, decode)
+                elif frame.type == MsgType.CANCEL:
+                    self._cancel(decode_cancel(frame).seq)
+            if self.streams.has_work():
+                self._step()
+
+    def _take(self, block: bool) -> list[Frame | None]:
+        frames: list[Frame | None] = []
+        try:
+            frames.append(self._inbox.get(block=block))
+            while True:
+                frames.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return frames
+
+    def _arrive(self, frame: Frame, decode: bool) -> None:
+        from handlers.exceptions import PredictionException
+
+        requests = decode_predict(frame)
+        if any(req.headers.get("describe") for req in requests):  # the handler answers as usual
+            from serve.worker.main import client_errors, run_items
+
+            self._conn.send(
+                encode_result(
+                    frame.seq,
+                    client_errors(run_items(self.service, self.context, requests, decode)),
+                )
+            )
+            return
+        batch = _Batch(frame.seq, requests, [None] * len(requests))
+        self._batches[frame.seq] = batch
+        for index, req in enumerate(requests):
+            engine_id = f"{frame.seq}/{index}"
+            try:
+                self.streams.open(engine_id, self.handler.parse(decode_row(req, decode)))
+            except PredictionException as exc:
+                batch.answers[index] = _error(exc, req.request_id)
+                continue
+            self._owner[engine_id] = (frame.seq, index)
+        self._maybe_done(batch)
+
+    def _cancel(self, seq: int) -> None:
+        batch = self._batches.get(seq)
+        if batch is None:
+            return
+        for index in range(len(batch.requests)):
+            self.streams.cancel(f"{seq}/{index}")
+
+    def _step(self) -> None:
+        from handlers.exceptions import report_failure
+
+        try:
+            events = self.streams.step()
+        except Exception as exc:  # an engine bug fails what it runs, not the worker
+            ids = [self._batches[s].requests[i].request_id for s, i in self._owner.values()]
+            code, kind, message = report_failure(exc, ids, logger)
+            for engine_id, (seq, index) in list(self._owner.items()):
+                self.streams.cancel(engine_id)
+                request_id = self._batches[seq].requests[index].request_id
+                self._answer(engine_id, ErrorItem(code, kind, message, request_id))
+            return
+        for event in events:
+            owner = self._owner.get(event.request_id)
+            if owner is None:
+                continue
+            batch = self._batches[owner[0]]
+            if batch.first_token is None:
+                batch.first_token = time.perf_counter()
+            if event.part is not None:
+                if len(batch.requests) == 1:  # parts align with the batch's one request
+                    self._send_part(batch.seq, event.part)
+                continue
+            batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
+            batch.completion_tokens += event.usage.get("completion_tokens", 0)
+            request_id = batch.requests[owner[1]].request_id
+            if event.error is not None:
+                answer: ResultItem | ErrorItem = _error(event.error, request_id)
+                if event.error.error_code == CANCELLED_STATUS:
+                    answer = _cancelled(request_id)
+            else:
+                answer = _result(event.result)
+            self._answer(event.request_id, answer)
+
+    def _send_part(self, seq: int, part: dict[str, Any]) -> None:
+        from handlers.output import encode_output
+
+        body, content_type = encode_output(part)
+        self._conn.send(encode_partial(seq, [PartialItem(content_type, body)]))
+
+    def _answer(self, engine_id: str, answer: ResultItem | ErrorItem) -> None:
+        seq, index = self._owner.pop(engine_id)
+        batch = self._batches[seq]
+        batch.answers[index] = answer
+        self._maybe_done(batch)
+
+    def _maybe_done(self, batch: _Batch) -> None:
+        if batch.complete:
+            from serve.worker.main import client_errors
+
+            del self._batches[batch.seq]
+            self._conn.send(encode_result(batch.seq, client_errors(batch.result())))
+
+
+# ----- asyncCommunication -----------------------------------------------------------------------
+
+
+def request_context(context: Any, requests: list[PredictItem]) -> Any:
+    """A shallow copy of the worker's context for one request in flight: its own request ids,
+    headers, response statuses, timings and intermediate sink; model facts, metrics and
+    ``cache`` shared."""
+    from handlers.context import RequestProcessor
+
+    ctx = copy.copy(context)
+    ctx.request_ids = {i: req.request_id for i, req in enumerate(requests)}
+    ctx.request_processor = [RequestProcessor(req.headers) for req in requests]
+    ctx.handler_timings = {}
+    ctx.intermediate_responses = []
+    ctx.intermediate_sink = None
+    ctx.stopping_criteria = None
+    return ctx
+
+
+class AsyncLoop:
+    """``asyncCommunication: true``: each PREDICT a task on one event loop, many at once."""
+
+    def __init__(self, service: Any, context: Any, slots: int) -> None:
+        self.service = service
+        self.context = context
+        self.slots = slots
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return {"slots": self.slots}
+
+    def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
+        return asyncio.run(self._serve(conn, decode, on_threads))
+
+    async def _serve(
+        self, conn: Connection, decode: bool, on_threads: Callable[[int], None]
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        frames: asyncio.Queue[Frame | None] = asyncio.Queue()
+
+        def arrive(frame: Frame | None) -> None:
+            loop.call_soon_threadsafe(frames.put_nowait, frame)
+
+        Inbox(conn, arrive).start()
+        while True:
+            frame = await frames.get()
+            if frame is None or frame.type == MsgType.SHUTDOWN:
+                for task in self._tasks.values():
+                    task.cancel()
+                return 0
+            if frame.type == MsgType.THREADS:
+                on_threads(int(frame.meta["threads"]))
+            elif frame.type == MsgType.PREDICT:
+                self._start(conn, frame, decode)
+            elif frame.type == MsgType.CANCEL:
+                running = self._tasks.get(decode_cancel(frame).seq)
+                if running is not None:
+                    running.cancel()
+
+    def _start(self, conn: Connection, frame: Frame, decode: bool) -> None:
+        seq = frame.seq
+        task = asyncio.create_task(self._one(conn, frame, decode))
+        self._tasks[seq] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._tasks.pop(seq, None)
+
+        task.add_done_callback(done)
+
+    async def _one(self, conn: Connection, frame: Frame, decode: bool) -> None:
+        from serve.worker.main import client_errors
+
+        requests = decode_predict(frame)
+        try:
+            result = await self.run_items(conn, frame.seq, requests, decode)
+        except asyncio.CancelledError:
+            result = BatchResult([_cancelled(req.request_id) for req in requests])
+        conn.send(encode_result(frame.seq, client_errors(result)))
+
+    async def run_items(
+        self, conn: Connection, seq: int, requests: list[PredictItem], decode: bool
+    ) -> BatchResult:
+        """One batch through the handler, awaiting its ``handle`` if it is a coroutine."""
+        from handlers.exceptions import PredictionException, report_failure
+        from serve.worker.main import mark_stream_next
+
+        ctx = request_context(self.context, requests)
+        ctx.intermediate_sink = _part_sender(conn, seq)
+        started = time.perf_counter()
+        try:
+            rows = [decode_row(req, decode) for req in requests]
+        except PredictionException as exc:
+            return BatchResult([_error(exc, req.request_id) for req in requests])
+        try:
+            results = self.service.entry_point(rows, ctx)
+            if inspect.isawaitable(results):
+                results = await results
+            if not isinstance(results, list) or len(results) != len(rows):
+                raise TypeError(
+                    f"the handler returned {type(results).__name__}, expected a list of "
+                    f"{len(rows)} results"
+                )
+            mark_stream_next(ctx, results)
+            items: list[ResultItem | ErrorItem] = []
+            for i, value in enumerate(results):
+                proc = ctx.request_processor[i]
+                item = _result(
+                    value, proc.get_response_status_code() or 200, proc.get_response_headers()
+                )
+                item.content_type = ctx.get_response_content_type(i) or item.content_type
+                items.append(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a handler bug fails this request, not the others
+            ids = [req.request_id for req in requests]
+            code, kind, message = report_failure(exc, ids, logger)
+            items = [ErrorItem(code, kind, message, rid) for rid in ids]
+        timings = dict(ctx.handler_timings or {})
+        timings["handler"] = time.perf_counter() - started
+        return BatchResult(items, timings, self.context.metrics.drain())
+
+
+def _part_sender(conn: Connection, seq: int) -> Callable[[dict[str, Any]], None]:
+    from handlers.output import encode_output
+
+    def send(chunk: dict[str, Any]) -> None:
+        items = []
+        for value in chunk["results"]:
+            body, content_type = encode_output(value)
+            items.append(PartialItem(content_type, body))
+        conn.send(encode_partial(seq, items))
+
+    return send
+
+
+def concurrent_loop(service: Any, context: Any, spec: Any) -> EngineLoop | AsyncLoop | None:
+    """The loop this worker runs, if it keeps many requests in flight; None: the classic one."""
+    yaml_config = spec.model_yaml_config or {}
+    handler = service.handler
+    make_streams = getattr(handler, "request_streams", None)
+    if callable(make_streams):
+        streams = make_streams()
+        if streams is not None:
+            return EngineLoop(
+                service, context, streams, streams.engine.limits().max_running_sequences
+            )
+    if yaml_config.get("asyncCommunication"):
+        return AsyncLoop(service, context, max(1, int(spec.batch_size or 1)))
+    return None

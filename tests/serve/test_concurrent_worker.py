@@ -1,0 +1,220 @@
+"""The worker loops that keep many requests in flight (`serve.worker.concurrent`), in process.
+
+A fake connection stands in for the socket: the test puts frames in and reads what the loop sends,
+waiting on queues (no sleeps). The engine loop runs the built-in ``text_generation`` handler on the
+tiny model built in code; the async loop runs a handler shaped like TorchServe's VLLMHandler.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from handlers.context import Context
+from handlers.service import load_service
+from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import (
+    Cancel,
+    ErrorItem,
+    PredictItem,
+    ResultItem,
+    decode_partial,
+    decode_result,
+    encode_cancel,
+    encode_predict,
+)
+from serve.worker.concurrent import CANCELLED_STATUS, AsyncLoop, EngineLoop, concurrent_loop
+from tests.support.generation_fixtures import save_pretrained
+
+MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
+WAIT = 120  # seconds for one frame on a loaded machine
+
+
+class FakeConnection:
+    """Frames in through ``put``, frames out through ``sent``."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[Frame | None] = queue.Queue()
+        self.sent: queue.Queue[Frame] = queue.Queue()
+
+    def receive(self) -> Frame | None:
+        return self.inbox.get()
+
+    def send(self, frame: Frame) -> None:
+        self.sent.put(frame)
+
+    def put(self, frame: Frame | None) -> None:
+        self.inbox.put(frame)
+
+    def next(self) -> Frame:
+        return self.sent.get(timeout=WAIT)
+
+
+def predict(seq: int, body: dict[str, Any] | bytes, request_id: str | None = None) -> Frame:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    item = PredictItem(request_id or f"r{seq}", {}, [("body", "application/json", raw)])
+    return encode_predict(seq, [item])
+
+
+def ok(item: ResultItem | ErrorItem) -> ResultItem:
+    assert isinstance(item, ResultItem), item
+    return item
+
+
+def failed(item: ResultItem | ErrorItem) -> ErrorItem:
+    assert isinstance(item, ErrorItem), item
+    return item
+
+
+def run_in_thread(loop: Any, conn: FakeConnection) -> tuple[threading.Thread, list[int]]:
+    code: list[int] = []
+    thread = threading.Thread(
+        target=lambda: code.append(loop.run(conn, True, lambda n: None)), daemon=True
+    )
+    thread.start()
+    return thread, code
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llm")
+    save_pretrained(folder)
+    yaml_config = {"handler": {"max_running_sequences": 4, "prefill_chunk_tokens": 8}}
+    context = Context(
+        "tiny", str(folder), MANIFEST, 4, None, "0.12.0", model_yaml_config=yaml_config
+    )
+    return load_service(folder, MANIFEST, context)
+
+
+def greedy(service, prompt: str, n: int) -> list[int]:
+    engine = service.handler.engine
+    ids = torch.tensor([engine.tokenizer.encode(prompt)])
+    out = engine.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+    )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def body(prompt: str, n: int, stream: bool = True) -> dict[str, Any]:
+    return {
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+def test_the_text_generation_handler_gets_the_engine_loop_with_its_limits(service):
+    spec = SimpleNamespace(model_yaml_config={}, batch_size=4)
+    loop = concurrent_loop(service, service.context, spec)
+    assert isinstance(loop, EngineLoop)
+    assert loop.limits["slots"] == 4 and loop.limits["max_running_sequences"] == 4
+
+
+def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(service):
+    conn = FakeConnection()
+    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    thread, code = run_in_thread(loop, conn)
+    engine = service.handler.engine
+    parts: dict[int, list[int]] = {1: [], 2: [], 3: []}
+    results: dict[int, ResultItem | ErrorItem] = {}
+
+    def read() -> Frame:
+        frame = conn.next()
+        if frame.type == MsgType.PARTIAL:
+            parts[frame.seq] += json.loads(decode_partial(frame)[0].body)["tokens"]
+        else:
+            results[frame.seq] = decode_result(frame).items[0]
+        return frame
+
+    conn.put(predict(1, body("the quick brown fox", 200)))
+    while not parts[1]:
+        read()
+    conn.put(predict(2, body("a model server answers", 6)))  # joins the running batch
+    conn.put(predict(3, {"prompt": "x", "temprature": 0}))  # bad input: that request alone
+    conn.put(predict(4, b"\xff\xfe not utf-8"))
+    while 2 not in results:
+        frame = read()
+        if frame.seq == 2 and frame.type == MsgType.PARTIAL:
+            assert 1 not in results and engine.stats()["running"] >= 1
+    assert isinstance(results[3], ErrorItem) and results[3].code == 400
+    assert "temprature" in results[3].message
+    assert isinstance(results[4], ErrorItem) and results[4].code == 400
+    assert isinstance(results[2], ResultItem)
+    final = json.loads(results[2].body)
+    assert parts[2] + final["tokens"] == greedy(service, "a model server answers", 6)
+    assert 1 not in results  # the long stream still runs beside them
+    conn.put(encode_cancel(Cancel(1)))  # its client left
+    while 1 not in results:
+        read()
+    assert isinstance(results[1], ErrorItem) and results[1].code == CANCELLED_STATUS
+    assert parts[1] == greedy(service, "the quick brown fox", 200)[: len(parts[1])]
+    assert engine.stats()["reserved_tokens"] == 0 and not engine.has_work()
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+
+
+def test_an_unstreamed_request_is_answered_whole(service):
+    conn = FakeConnection()
+    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    thread, code = run_in_thread(loop, conn)
+    conn.put(predict(1, body("héllo world", 5, stream=False)))
+    frame = conn.next()
+    assert frame.type == MsgType.RESULT  # no parts
+    result = decode_result(frame)
+    answer = json.loads(ok(result.items[0]).body)
+    assert answer["tokens"] == greedy(service, "héllo world", 5)
+    assert answer["usage"]["completion_tokens"] == 5 and "first_token" in result.timings
+    conn.put(None)  # the frontend closed the socket
+    thread.join(WAIT)
+    assert code == [0]
+
+
+def test_the_async_loop_runs_many_requests_at_once_and_cancels_one():
+    from handlers.compat import install_ts_alias
+
+    install_ts_alias()  # the handler imports the ts shim, as in a worker
+    from tests.support.handlers.async_engine_handler import AsyncEngineHandler
+
+    handler = AsyncEngineHandler()
+    context = Context("vllm-like", ".", {}, 8, None, "0.12.0")
+    service = SimpleNamespace(entry_point=handler.handle, handler=handler)
+    spec = SimpleNamespace(model_yaml_config={"asyncCommunication": True}, batch_size=8)
+    loop = concurrent_loop(service, context, spec)
+    assert isinstance(loop, AsyncLoop) and loop.limits == {"slots": 8}
+    conn = FakeConnection()
+    thread, code = run_in_thread(loop, conn)
+    for seq in (1, 2, 3):
+        conn.put(predict(seq, {"prompt": f"p{seq}-", "max_tokens": 3, "gate": True}))
+    parts: dict[int, list[str]] = {1: [], 2: [], 3: []}
+    while sum(map(len, parts.values())) < 9:  # every token of all three, none finished
+        frame = conn.next()
+        assert frame.type == MsgType.PARTIAL
+        parts[frame.seq].append(decode_partial(frame)[0].body.decode())
+    assert parts[2] == ["p2-0 ", "p2-1 ", "p2-2 "]
+    conn.put(encode_cancel(Cancel(3)))
+    cancelled = conn.next()
+    assert cancelled.seq == 3 and failed(decode_result(cancelled).items[0]).code == CANCELLED_STATUS
+    conn.put(predict(4, {"open": True}))
+    done: dict[int, ResultItem] = {}
+    while len(done) < 3:
+        frame = conn.next()
+        done[frame.seq] = ok(decode_result(frame).items[0])
+    assert done[1].body == b"p1-0 p1-1 p1-2 " and done[4].body == b"opened"
+    conn.put(predict(5, {"stats": True}))
+    assert json.loads(ok(decode_result(conn.next()).items[0]).body) == {"most": 3}
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
