@@ -206,11 +206,16 @@ class Dispatcher:
             )
             worker.kill()
 
-        call = asyncio.ensure_future(
-            worker.run_batch(
+        async def send() -> BatchOutcome | None:
+            # The task takes its first step a loop iteration from now: the worker may have died
+            # in between, and then the batch is never sent (None).
+            if worker.state not in LIVE_STATES:
+                return None
+            return await worker.run_batch(
                 [job.item for job in jobs], lambda chunks: _deliver_chunks(jobs, chunks)
             )
-        )
+
+        call = asyncio.ensure_future(send())
         cancelled_for_time = False
         cancelled = False  # by this dispatcher (not the task awaiting it)
         if getattr(self.placement, "cancels_requests", False):
@@ -242,12 +247,16 @@ class Dispatcher:
             watchdog = loop.call_later(hard_limit, kill_stuck)
         try:
             try:
-                outcome = await asyncio.shield(call)
+                sent = await asyncio.shield(call)
             except asyncio.CancelledError:
                 if not cancelled:  # the awaiting task itself is cancelled: so is the call
                     call.cancel()
                     raise
                 raise _Cancelled() from None
+            if sent is None:
+                self.placement.put_back(worker.worker_id, jobs)
+                return
+            outcome = sent
         except _Cancelled:
             error = GatewayTimeout("The request ran past its hard time limit and was cancelled.")
             if not cancelled_for_time:

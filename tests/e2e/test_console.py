@@ -27,6 +27,7 @@ import pytest
 from tests.support.server import DATA, REPO, LanternServer, echo_archive
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -93,7 +94,10 @@ def browser(server: LanternServer) -> Iterator[Any]:
 
 
 def wait(driver: Any, condition: Callable[[Any], Any], timeout: float = 60.0) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+    # The page re-renders its tables as it polls: an element read a moment ago may be replaced.
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]
+    ).until(condition)
 
 
 def open_console(driver: Any, server: LanternServer, keys: dict[str, str] | None) -> None:
@@ -106,7 +110,13 @@ def open_console(driver: Any, server: LanternServer, keys: dict[str, str] | None
 
 
 def text(driver: Any, selector: str) -> str:
-    return driver.find_element(By.CSS_SELECTOR, selector).text
+    """The element's text, read again if a re-render replaced it between finding and reading."""
+    for _ in range(20):
+        try:
+            return str(driver.find_element(By.CSS_SELECTOR, selector).text)
+        except StaleElementReferenceException:
+            continue
+    return str(driver.find_element(By.CSS_SELECTOR, selector).text)
 
 
 def confirm(driver: Any) -> None:

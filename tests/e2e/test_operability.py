@@ -383,6 +383,7 @@ def test_help_lists_every_command_whole_and_states_defaults(tmp_path: Path) -> N
     commands = top.stdout.split("Commands:")[1].splitlines()
     assert [line.split()[0] for line in commands if line.strip()] == [
         "kserve",
+        "llm",
         "logs",
         "ray",
         "start",
