@@ -117,6 +117,7 @@ class ModelVersion:
         self.sequences = SequenceSettings.from_config(
             source.model_config, settings.batch_size, self.max_workers
         )
+        handler = source.handler or (source.manifest.get("model") or {}).get("handler")
         self.dispatcher = make_dispatcher(
             name,
             version,
@@ -124,11 +125,8 @@ class ModelVersion:
             lambda: self.settings,
             self.sequences,
             on_outcome=self._observe,
+            many_at_once=runs_many_at_once(source.model_config, handler),
         )
-        handler = source.handler or (source.manifest.get("model") or {}).get("handler")
-        if runs_many_at_once(source.model_config, handler):
-            # Many requests in flight per worker, up to the budget it reports in LOADED.
-            self.dispatcher.placement = SlotPlacement(settings.job_queue_size)
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
         # The server-wide intra-op thread budget (set by the registry); None: this version's

@@ -41,6 +41,7 @@ from serve.core.continuous import header as _header
 from serve.core.dispatcher import Dispatcher, WorkerSource
 from serve.core.jobs import LIVE_STATES, BatchOutcome, Job, WorkerState
 from serve.core.placement import Answer, Placement, Plan, WorkerView
+from serve.core.slots import SlotPlacement
 from serve.identifiers import MAX_SEQUENCE_ID, check_length
 from serve.wire.errors import (
     BadRequest,
@@ -493,11 +494,16 @@ def make_dispatcher(
     sequences: SequenceSettings,
     *,
     on_outcome: Callable[[list[Job], BatchOutcome], None] | None = None,
+    many_at_once: bool = False,
 ) -> Dispatcher:
-    """The dispatcher of a model version: sequence placement with sequence batching, continuous
-    placement with continuous batching alone, else plain batching."""
+    """The dispatcher of a model version: slot placement for workers that run many requests at
+    once (`serve.core.slots.runs_many_at_once`), sequence placement with sequence batching,
+    continuous placement with continuous batching alone, else plain batching."""
     placement: Placement | None = None
-    if sequences.enabled:
+    if many_at_once:
+        # Many requests in flight per worker, up to the budget it reports in LOADED.
+        placement = SlotPlacement(settings().job_queue_size)
+    elif sequences.enabled:
         placement = SequencePlacement(sequences)
     elif sequences.continuous:
         placement = ContinuousPlacement(settings().job_queue_size)
