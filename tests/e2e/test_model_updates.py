@@ -187,9 +187,11 @@ def p99(answers: list[Answer]) -> float:
     return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
 
 
-# A first request "as fast as the rest": within the run's p99 plus 10 ms of scheduling noise on a
-# shared 2-core machine. A cold first request costs COLD (0.5 s) or more, far past this bound.
-NOISE = 0.010
+# A first request "as fast as the rest": within the run's p99 plus a margin for scheduling noise
+# on a shared 2-core machine (one request against a p99 has flaked by 1 ms at a 10 ms margin).
+# What the check is there to catch costs at least COLD (0.5 s): a cold batch size, a request
+# that waited for a load or a warm-up. A fifth of COLD stays far below that and far above noise.
+NOISE = COLD / 5
 
 
 def within_p99(answers: list[Answer]) -> float:
