@@ -146,8 +146,11 @@
         series.push(r.rate);
         if (series.length > 90) series.shift();
       }
-      drawChart();
+    } else {
+      // A rate needs two polls; until the second one, the chart shows its models and says so.
+      for (const model of Object.keys(summary)) traffic.history[model] ||= [];
     }
+    drawChart();
     traffic.last = summary;
     traffic.at = now;
   }
@@ -161,6 +164,7 @@
     g.fillStyle = "#6b7380";
     g.font = "11px sans-serif";
     g.fillText(`${top.toFixed(1)} req/s`, 4, 12);
+    if (!all.length) g.fillText("measuring: the first rate comes with the next poll", 4, canvas.height / 2);
     Object.entries(traffic.history).forEach(([model, series], i) => {
       g.strokeStyle = COLOURS[i % COLOURS.length];
       g.fillStyle = g.strokeStyle;
@@ -170,6 +174,7 @@
         const px = (x / 89) * (canvas.width - 8) + 4;
         const py = canvas.height - 4 - (y / top) * (canvas.height - 24);
         if (x === 0) g.moveTo(px, py); else g.lineTo(px, py);
+        if (series.length === 1) g.fillRect(px - 2, py - 2, 4, 4);  // one rate is a point, not a line
       });
       g.stroke();
     });
