@@ -301,7 +301,11 @@ class AsyncLoop:
         return {"slots": self.slots}
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
-        return asyncio.run(self._serve(conn, decode, on_threads))
+        # On the loop an ``async def initialize`` ran on (`handlers.service.Service.runner`):
+        # an engine made there (vLLM's AsyncLLMEngine) is bound to it.
+        runner = getattr(self.service, "runner", None) or asyncio.Runner()
+        with runner:
+            return runner.run(self._serve(conn, decode, on_threads))
 
     async def _serve(
         self, conn: Connection, decode: bool, on_threads: Callable[[int], None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +35,8 @@ from tests.support.generation_fixtures import save_pretrained
 
 MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
 WAIT = 120  # seconds for one frame on a loaded machine
+HANDLERS = Path(__file__).resolve().parents[1] / "support" / "handlers"
+HANDLER = "async_engine_handler"
 
 
 class FakeConnection:
@@ -182,15 +185,23 @@ def test_an_unstreamed_request_is_answered_whole(service):
     assert code == [0]
 
 
-def test_the_async_loop_runs_many_requests_at_once_and_cancels_one():
+@pytest.mark.parametrize("init", ["async", "sync"])
+def test_the_async_loop_runs_many_requests_at_once_and_cancels_one(init: str):
+    """With ``async def initialize`` awaited by the loader (on the loop ``handle`` then runs
+    on: the handler checks it), and with a sync one."""
     from handlers.compat import install_ts_alias
 
     install_ts_alias()  # the handler imports the ts shim, as in a worker
-    from tests.support.handlers.async_engine_handler import AsyncEngineHandler
+    context = Context("vllm-like", str(HANDLERS), {}, 8, None, "0.12.0")
+    if init == "async":
+        service: Any = load_service(HANDLERS, {"model": {"handler": HANDLER}}, context)
+        assert service.runner is not None and service.handler.initialized
+    else:
+        from tests.support.handlers.async_engine_handler import AsyncEngineHandler
 
-    handler = AsyncEngineHandler()
-    context = Context("vllm-like", ".", {}, 8, None, "0.12.0")
-    service = SimpleNamespace(entry_point=handler.handle, handler=handler)
+        handler = AsyncEngineHandler()
+        handler.setup(context)
+        service = SimpleNamespace(entry_point=handler.handle, handler=handler, runner=None)
     spec = SimpleNamespace(model_yaml_config={"asyncCommunication": True}, batch_size=8)
     loop = concurrent_loop(service, context, spec)
     assert isinstance(loop, AsyncLoop) and loop.limits == {"slots": 8}
