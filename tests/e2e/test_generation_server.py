@@ -5,7 +5,6 @@ an ``asyncCommunication`` handler shaped like TorchServe's VLLMHandler, over rea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -190,10 +189,11 @@ def test_a_killed_worker_ends_its_streams_with_an_error_and_is_replaced(
         assert next(parts)
         os.kill(pid, signal.SIGKILL)
         rest = b""
-        with contextlib.suppress(httpx.HTTPError):  # it ends short (cut or closed), never hangs
-            for part in parts:
-                rest += part
+        for part in parts:  # it ends, never hangs, with the error as its last chunk
+            rest += part
         assert b"finish_reason" not in rest
+        last = json.loads(rest.splitlines()[-1])
+        assert last["type"] == "WorkerDied" and last["code"] == 500, last
     short = {"prompt": "x", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
     for _ in range(120):  # the replacement starts (it loads the model again)
         response = generate(server, short)
