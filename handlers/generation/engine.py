@@ -126,6 +126,12 @@ class Engine:
     def has_work(self) -> bool:
         return len(self.scheduler) > 0
 
+    def reservation(self, request_id: str) -> int | None:
+        """The cache positions a request reserves once admitted (prompt + max_tokens, capped by
+        max_model_len); None when it is not here."""
+        seq = self.scheduler.find(request_id)
+        return seq.reserved if seq is not None else None
+
     def __contains__(self, request_id: str) -> bool:
         return self.scheduler.find(request_id) is not None
 

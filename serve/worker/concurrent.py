@@ -8,6 +8,8 @@ batch of one, up to the budget reported in LOADED (``Loaded.limits["slots"]``).
 * `EngineLoop`: a handler with ``request_streams()`` (the built-in ``text_generation``). Each
   request is added to the engine as it arrives and joins its next step; a streamed request's parts
   go out as PARTIAL frames, the final RESULT ends it; CANCEL drops it before the next forward.
+  ENGINE frames (`serve.wire.messages.EngineReport`) carry the engine's live counts and each new
+  request's cache reservation to the frontend.
 * `AsyncLoop`: ``asyncCommunication: true`` (TorchServe's key). The handler's ``handle`` may be a
   coroutine; each request runs as its own task on one asyncio loop, with a context of its own, and
   ``send_intermediate_predict_response`` streams its parts; CANCEL cancels that task.
@@ -32,12 +34,14 @@ from typing import Any, Protocol
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import (
     BatchResult,
+    EngineReport,
     ErrorItem,
     PartialItem,
     PredictItem,
     ResultItem,
     decode_cancel,
     decode_predict,
+    encode_engine_report,
     encode_partial,
     encode_result,
 )
@@ -45,6 +49,9 @@ from serve.wire.messages import (
 logger = logging.getLogger("serve.worker")
 
 CANCELLED_STATUS = 499  # the client closed the request (nginx's code); it never reaches one
+# While only the cache grows (every decode step), the engine's counts go out at most this often;
+# a change in its sequences or reservations goes out after the step that made it.
+REPORT_INTERVAL = 0.5
 
 
 class Connection(Protocol):
@@ -149,6 +156,9 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
         self._batches: dict[int, _Batch] = {}
         self._owner: dict[str, tuple[int, int]] = {}  # engine id -> (seq, item index)
+        self._reserved: dict[int, int] = {}  # seq -> cache positions, not yet reported
+        self._reported: dict[str, int] = {}  # the counts last sent
+        self._reported_at = 0.0
 
     @property
     def limits(self) -> dict[str, int]:
@@ -167,8 +177,30 @@ class EngineLoop:
                     self._arrive(frame, decode)
                 elif frame.type == MsgType.CANCEL:
                     self._cancel(decode_cancel(frame).seq)
+            if self._reserved:  # before the step: the frontend's budget learns them soonest
+                self._report()
             if self.streams.has_work():
                 self._step()
+                self._report_if_due()
+
+    def _report(self) -> None:
+        stats = self.streams.engine.stats()
+        self._conn.send(encode_engine_report(EngineReport(stats, self._reserved)))
+        self._reserved = {}
+        self._reported = stats
+        self._reported_at = time.monotonic()
+
+    def _report_if_due(self) -> None:
+        """After a step: the counts when a sequence came, went or changed state (so the step
+        that leaves the engine idle sends zeros), else at most every `REPORT_INTERVAL`."""
+        stats = self.streams.engine.stats()
+        changed = any(
+            stats[key] != self._reported.get(key)
+            for key in ("waiting", "prefilling", "running", "reserved_tokens")
+        )
+        due = time.monotonic() - self._reported_at >= REPORT_INTERVAL
+        if stats != self._reported and (changed or due):
+            self._report()
 
     def _take(self, block: bool) -> list[Frame | None]:
         frames: list[Frame | None] = []
@@ -204,6 +236,8 @@ class EngineLoop:
                 batch.answers[index] = _error(exc, req.request_id)
                 continue
             self._owner[engine_id] = (frame.seq, index)
+            reserved = self.streams.engine.reservation(engine_id) or 0
+            self._reserved[frame.seq] = self._reserved.get(frame.seq, 0) + reserved
         self._maybe_done(batch)
 
     def _cancel(self, seq: int) -> None:

@@ -22,9 +22,11 @@ from handlers.service import load_service
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import (
     Cancel,
+    EngineReport,
     ErrorItem,
     PredictItem,
     ResultItem,
+    decode_engine_report,
     decode_partial,
     decode_result,
     encode_cancel,
@@ -40,17 +42,21 @@ HANDLER = "async_engine_handler"
 
 
 class FakeConnection:
-    """Frames in through ``put``, frames out through ``sent``."""
+    """Frames in through ``put``, frames out through ``sent`` (ENGINE reports in ``reports``)."""
 
     def __init__(self) -> None:
         self.inbox: queue.Queue[Frame | None] = queue.Queue()
         self.sent: queue.Queue[Frame] = queue.Queue()
+        self.reports: queue.Queue[EngineReport] = queue.Queue()
 
     def receive(self) -> Frame | None:
         return self.inbox.get()
 
     def send(self, frame: Frame) -> None:
-        self.sent.put(frame)
+        if frame.type == MsgType.ENGINE:
+            self.reports.put(decode_engine_report(frame))
+        else:
+            self.sent.put(frame)
 
     def put(self, frame: Frame | None) -> None:
         self.inbox.put(frame)
@@ -183,6 +189,28 @@ def test_an_unstreamed_request_is_answered_whole(service):
     conn.put(None)  # the frontend closed the socket
     thread.join(WAIT)
     assert code == [0]
+
+
+def test_the_engine_reports_each_reservation_before_its_step_and_zeros_once_idle(service):
+    conn = FakeConnection()
+    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    thread, code = run_in_thread(loop, conn)
+    prompt = "the quick brown fox"
+    conn.put(predict(1, body(prompt, 5, stream=False)))
+    first = conn.reports.get(timeout=WAIT)  # sent before the step that admits it
+    expected = len(service.handler.engine.tokenizer.encode(prompt)) + 5
+    assert first.reserved == {1: expected} and first.stats["waiting"] == 1
+    assert conn.next().type == MsgType.RESULT
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+    later = [conn.reports.get_nowait() for _ in range(conn.reports.qsize())]
+    assert any(r.stats["reserved_tokens"] == expected for r in later)
+    last = later[-1]  # the step that ended the last request left the counts at zero
+    assert not last.reserved and last.stats["steps"] > 0
+    assert {k: v for k, v in last.stats.items() if k != "steps"} == dict.fromkeys(
+        ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens"), 0
+    )
 
 
 @pytest.mark.parametrize("init", ["async", "sync"])
