@@ -9,7 +9,7 @@ instantiated, then ``initialize(context)`` and ``handle(batch, context)`` are ca
 
 ``initialize`` may be a coroutine (TorchServe's ``asyncCommunication`` handlers, e.g. its
 ``VLLMHandler``, build their async engine in it): it is run to completion on an event loop of
-its own, kept in `Service.runner`, so that an ``asyncCommunication`` worker serves ``handle`` on
+its own, kept in `Service.loop`, so that an ``asyncCommunication`` worker serves ``handle`` on
 the loop the engine was made on (`serve.worker.concurrent.AsyncLoop`).
 
 Deviation from TorchServe: an explicit ``module:function`` whose function does not exist is an
@@ -94,7 +94,7 @@ class Service:
     function_name: str | None = field(default=None)
     envelope: str | None = None  # the service_envelope wrapping entry_point, if any
     # The event loop an ``async def initialize`` ran on; None when initialisation was sync.
-    runner: asyncio.Runner | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
     def predict(self, batch: list, ctx: Context | None = None) -> list:
         """Call the handler on ``batch``; the result must be a list with one item per request."""
@@ -152,7 +152,7 @@ def load_service(
         if callable(initialize):
             initialized = initialize(context)
         entry_point = instance.handle
-    runner = _await_initialize(initialized) if inspect.isawaitable(initialized) else None
+    loop = _await_initialize(initialized) if inspect.isawaitable(initialized) else None
 
     return Service(
         model_name=context.model_name or model_info.get("modelName", ""),
@@ -163,20 +163,20 @@ def load_service(
         module=module,
         handler=instance,
         function_name=fn_name if instance is None else None,
-        runner=runner,
+        loop=loop,
     )
 
 
-def _await_initialize(initialized: Any) -> asyncio.Runner:
+def _await_initialize(initialized: Any) -> asyncio.AbstractEventLoop:
     """Run an ``async def initialize`` to its end on a new event loop, kept open for ``handle``."""
 
     async def wait() -> Any:
         return await initialized
 
-    runner = asyncio.Runner()
+    loop = asyncio.new_event_loop()
     try:
-        runner.run(wait())
+        loop.run_until_complete(wait())
     except BaseException:
-        runner.close()
+        loop.close()
         raise
-    return runner
+    return loop

@@ -335,11 +335,18 @@ class AsyncLoop:
         return {"slots": self.slots}
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
-        # On the loop an ``async def initialize`` ran on (`handlers.service.Service.runner`):
-        # an engine made there (vLLM's AsyncLLMEngine) is bound to it.
-        runner = getattr(self.service, "runner", None) or asyncio.Runner()
-        with runner:
-            return runner.run(self._serve(conn, decode, on_threads))
+        # On the loop an ``async def initialize`` ran on (`handlers.service.Service.loop`): an
+        # engine made there (vLLM's AsyncLLMEngine) is bound to it.
+        loop: asyncio.AbstractEventLoop | None = getattr(self.service, "loop", None)
+        if loop is None:
+            return asyncio.run(self._serve(conn, decode, on_threads))
+        asyncio.set_event_loop(loop)
+        try:
+            return loop.run_until_complete(self._serve(conn, decode, on_threads))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            asyncio.set_event_loop(None)
+            loop.close()
 
     async def _serve(
         self, conn: Connection, decode: bool, on_threads: Callable[[int], None]

@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fake_workers import Behaviour, FakeWorker, FakeWorkers, echo
-from tests.support.inprocess import Lantern, in_process, run, test_config, until
+from tests.support.inprocess import Lantern, in_process, run, test_config
 from tests.support.server import echo_archive
 
 LIMITS = {"slots": 4, "max_running_sequences": 4, "max_cached_tokens": 1000, "max_model_len": 512}

@@ -112,7 +112,10 @@ def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None
     text = httpx.get(f"{server.metrics}/metrics", timeout=30).text
     assert 'serve_generation_tokens_total{model="tiny",version="1.0"}' in text
     assert 'serve_time_to_first_token_seconds_count{model="tiny",version="1.0"}' in text
-    assert f'serve_kv_cache_usage_perc{{model="tiny",version="1.0",worker="{worker["id"]}"}} 0.0' in text
+    assert (
+        f'serve_kv_cache_usage_perc{{model="tiny",version="1.0",worker="{worker["id"]}"}} 0.0'
+        in text
+    )
 
 
 def engine_counts(server: LanternServer, holds: Any) -> dict[str, Any]:

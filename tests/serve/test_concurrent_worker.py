@@ -223,13 +223,13 @@ def test_the_async_loop_runs_many_requests_at_once_and_cancels_one(init: str):
     context = Context("vllm-like", str(HANDLERS), {}, 8, None, "0.12.0")
     if init == "async":
         service: Any = load_service(HANDLERS, {"model": {"handler": HANDLER}}, context)
-        assert service.runner is not None and service.handler.initialized
+        assert service.loop is not None and service.handler.initialized
     else:
         from tests.support.handlers.async_engine_handler import AsyncEngineHandler
 
         handler = AsyncEngineHandler()
         handler.setup(context)
-        service = SimpleNamespace(entry_point=handler.handle, handler=handler, runner=None)
+        service = SimpleNamespace(entry_point=handler.handle, handler=handler, loop=None)
     spec = SimpleNamespace(model_yaml_config={"asyncCommunication": True}, batch_size=8)
     loop = concurrent_loop(service, context, spec)
     assert isinstance(loop, AsyncLoop) and loop.limits == {"slots": 8}

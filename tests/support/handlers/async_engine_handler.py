@@ -22,6 +22,7 @@ class AsyncEngineHandler:
 
     def __init__(self) -> None:
         self.running: set[str] = set()  # the engine's requests in flight
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one initialize ran on
         self.most = 0
         self.gate: asyncio.Event | None = None
         self.initialized = False
@@ -34,7 +35,6 @@ class AsyncEngineHandler:
 
     def setup(self, context: Any) -> None:
         self.initialized = True
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def handle(self, data: list, context: Any) -> list:
         if not self.initialized:
