@@ -10,12 +10,13 @@ once, and the next waiting one takes it. A worker with all slots taken is BUSY.
 A generative engine also has a KV-cache budget (``max_cached_tokens`` in LOADED): a request
 reserves prompt + max_tokens positions, capped by ``max_model_len``, as the engine reserves them.
 The frontend cannot count prompt tokens (no tokenizer here, and a chat template adds tokens the
-body does not show), so the worker reports each request's exact reservation in its next ENGINE
-frame, before the step it joins (`serve.wire.messages.EngineReport`); until then a request
-counts as the most one can reserve, ``min(max_model_len, max_cached_tokens)``. So the frontend
-never sends more than the budget holds, and the requests beyond it wait in the dispatcher's
-queue (429 when full), not inside the engine; the price is that a burst is sent at most
-``budget / max_model_len`` requests per engine step until their reports come back.
+body does not show), so the worker reports each request's exact reservation in an ENGINE frame
+as soon as its reader thread has read and tokenized it, even while a step runs
+(`serve.wire.messages.EngineReport`); until then a request counts as the most one can reserve,
+``min(max_model_len, max_cached_tokens)``. So the frontend never sends more than the budget
+holds, and the requests beyond it wait in the dispatcher's queue (429 when full), not inside the
+engine; the price is that a burst goes out at most ``budget / max_model_len`` requests per round
+trip to the worker (a socket write and a tokenization: milliseconds, not a step).
 
 Only the decision is new here: the queue, its deadlines, retries (none once an answer has begun
 to stream) and errors are plain batching's (`serve.core.batching.BatchPlacement`).

@@ -339,12 +339,14 @@ ENGINE_STATS = ("waiting", "prefilling", "running", "reserved_tokens", "cached_t
 @dataclass(frozen=True, slots=True)
 class EngineReport:
     """A generative engine's state, sent by its worker (`serve.worker.concurrent.EngineLoop`)
-    when its counts change, at most every few tenths of a second while only its cache grows,
-    and always after the step that leaves it idle (all zeros), so no count outlives its requests.
+    after a step that changed its counts, at most every few tenths of a second while only its
+    cache grows, and so always after the step that leaves it idle (all zeros): no count
+    outlives its requests.
 
-    ``reserved`` maps each batch ``seq`` the engine took since the last report to the cache
-    positions it reserves (prompt + max_tokens, capped by max_model_len): the frontend's slot
-    placement counts them against the worker's ``max_cached_tokens``.
+    ``reserved`` maps a batch ``seq`` the worker has just read to the cache positions its
+    requests will reserve (prompt + max_tokens, capped by max_model_len), sent as soon as the
+    frame is read (then ``stats`` is empty): the frontend's slot placement counts them against
+    the worker's ``max_cached_tokens``.
     """
 
     stats: dict[str, int]

@@ -117,6 +117,16 @@ def _result(value: Any, status: int = 200, headers: dict[str, str] | None = None
 
 
 @dataclass
+class _Prepared:
+    """A PREDICT's requests as the reader thread parsed and checked them: per item, the request
+    and `Engine.check`'s (prompt ids, reservation), or the error that answers it."""
+
+    requests: list[PredictItem]
+    items: list[Any] = field(default_factory=list)
+    reserved: int = 0  # cache positions over its items that will run
+
+
+@dataclass
 class _Batch:
     """One PREDICT frame in flight: one answer per item, sent together when all are in."""
 
@@ -153,12 +163,12 @@ class EngineLoop:
         self.streams = streams
         self.handler = service.handler
         self.slots = slots
-        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Frame, _Prepared | None] | None] = queue.SimpleQueue()
         self._batches: dict[int, _Batch] = {}
         self._owner: dict[str, tuple[int, int]] = {}  # engine id -> (seq, item index)
-        self._reserved: dict[int, int] = {}  # seq -> cache positions, not yet reported
         self._reported: dict[str, int] = {}  # the counts last sent
         self._reported_at = 0.0
+        self._send_lock = threading.Lock()  # the reader thread sends reservations too
 
     @property
     def limits(self) -> dict[str, int]:
@@ -166,27 +176,64 @@ class EngineLoop:
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
         self._conn = conn
-        Inbox(conn, self._inbox.put).start()
+        self._decode = decode
+        Inbox(conn, self._read).start()
         while True:
-            for frame in self._take(block=not self.streams.has_work()):
-                if frame is None or frame.type == MsgType.SHUTDOWN:
+            for taken in self._take(block=not self.streams.has_work()):
+                if taken is None or taken[0].type == MsgType.SHUTDOWN:
                     return 0
+                frame, prepared = taken
                 if frame.type == MsgType.THREADS:
                     on_threads(int(frame.meta["threads"]))
                 elif frame.type == MsgType.PREDICT:
-                    self._arrive(frame, decode)
+                    self._arrive(frame, decode, prepared)
                 elif frame.type == MsgType.CANCEL:
                     self._cancel(decode_cancel(frame).seq)
-            if self._reserved:  # before the step: the frontend's budget learns them soonest
-                self._report()
             if self.streams.has_work():
                 self._step()
                 self._report_if_due()
 
+    def _send(self, frame: Frame) -> None:
+        with self._send_lock:
+            self._conn.send(frame)
+
+    def _read(self, frame: Frame | None) -> None:
+        """On the reader thread: a PREDICT is parsed and tokenized here, and its reservation
+        reported at once, even while the loop runs a step, so that the frontend's KV budget
+        counts it exactly within a round trip, not a step."""
+        prepared = None
+        if frame is not None and frame.type == MsgType.PREDICT:
+            try:
+                prepared = self._prepare(frame)
+            except Exception:  # e.g. a malformed frame: the loop meets it again and says so
+                logger.debug("Preparing batch %d failed; the loop takes it as it is", frame.seq)
+            if prepared is not None and prepared.reserved:
+                report = EngineReport({}, {frame.seq: prepared.reserved})
+                self._send(encode_engine_report(report))
+        self._inbox.put(None if frame is None else (frame, prepared))
+
+    def _prepare(self, frame: Frame) -> _Prepared | None:
+        from handlers.exceptions import PredictionException
+
+        requests = decode_predict(frame)
+        if any(req.headers.get("describe") for req in requests):
+            return None
+        engine = self.streams.engine
+        prepared = _Prepared(requests)
+        for req in requests:
+            try:
+                request = self.handler.parse(decode_row(req, self._decode))
+                checked = engine.check(request)
+            except PredictionException as exc:
+                prepared.items.append(exc)
+                continue
+            prepared.items.append((request, checked))
+            prepared.reserved += checked[1]
+        return prepared
+
     def _report(self) -> None:
         stats = self.streams.engine.stats()
-        self._conn.send(encode_engine_report(EngineReport(stats, self._reserved)))
-        self._reserved = {}
+        self._send(encode_engine_report(EngineReport(stats)))
         self._reported = stats
         self._reported_at = time.monotonic()
 
@@ -202,8 +249,8 @@ class EngineLoop:
         if stats != self._reported and (changed or due):
             self._report()
 
-    def _take(self, block: bool) -> list[Frame | None]:
-        frames: list[Frame | None] = []
+    def _take(self, block: bool) -> list[tuple[Frame, _Prepared | None] | None]:
+        frames: list[tuple[Frame, _Prepared | None] | None] = []
         try:
             frames.append(self._inbox.get(block=block))
             while True:
@@ -212,14 +259,14 @@ class EngineLoop:
             pass
         return frames
 
-    def _arrive(self, frame: Frame, decode: bool) -> None:
+    def _arrive(self, frame: Frame, decode: bool, prepared: _Prepared | None) -> None:
         from handlers.exceptions import PredictionException
 
-        requests = decode_predict(frame)
-        if any(req.headers.get("describe") for req in requests):  # the handler answers as usual
-            from serve.worker.main import client_errors, run_items
+        requests = prepared.requests if prepared is not None else decode_predict(frame)
+        if prepared is None and any(req.headers.get("describe") for req in requests):
+            from serve.worker.main import client_errors, run_items  # the handler answers
 
-            self._conn.send(
+            self._send(
                 encode_result(
                     frame.seq,
                     client_errors(run_items(self.service, self.context, requests, decode)),
@@ -231,13 +278,17 @@ class EngineLoop:
         for index, req in enumerate(requests):
             engine_id = f"{frame.seq}/{index}"
             try:
-                self.streams.open(engine_id, self.handler.parse(decode_row(req, decode)))
+                item = prepared.items[index] if prepared is not None else None
+                if isinstance(item, PredictionException):
+                    raise item
+                if item is None:  # not prepared on the reader thread
+                    self.streams.open(engine_id, self.handler.parse(decode_row(req, decode)))
+                else:
+                    self.streams.open(engine_id, item[0], item[1])
             except PredictionException as exc:
                 batch.answers[index] = _error(exc, req.request_id)
                 continue
             self._owner[engine_id] = (frame.seq, index)
-            reserved = self.streams.engine.reservation(engine_id) or 0
-            self._reserved[frame.seq] = self._reserved.get(frame.seq, 0) + reserved
         self._maybe_done(batch)
 
     def _cancel(self, seq: int) -> None:
@@ -286,7 +337,7 @@ class EngineLoop:
         from handlers.output import encode_output
 
         body, content_type = encode_output(part)
-        self._conn.send(encode_partial(seq, [PartialItem(content_type, body)]))
+        self._send(encode_partial(seq, [PartialItem(content_type, body)]))
 
     def _answer(self, engine_id: str, answer: ResultItem | ErrorItem) -> None:
         seq, index = self._owner.pop(engine_id)
@@ -299,7 +350,7 @@ class EngineLoop:
             from serve.worker.main import client_errors
 
             del self._batches[batch.seq]
-            self._conn.send(encode_result(batch.seq, client_errors(batch.result())))
+            self._send(encode_result(batch.seq, client_errors(batch.result())))
 
 
 # ----- asyncCommunication -----------------------------------------------------------------------

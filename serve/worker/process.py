@@ -266,7 +266,8 @@ class WorkerProcess:
 
     def _engine_report(self, frame: Frame) -> None:
         report = decode_engine_report(frame)
-        self.engine_stats = report.stats
+        if report.stats:  # a report of reservations alone carries none
+            self.engine_stats = report.stats
         for seq, tokens in report.reserved.items():
             if seq in self._pending:  # not one answered (or cancelled) meanwhile
                 self._reserved[seq] = tokens

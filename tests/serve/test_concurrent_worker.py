@@ -191,15 +191,15 @@ def test_an_unstreamed_request_is_answered_whole(service):
     assert code == [0]
 
 
-def test_the_engine_reports_each_reservation_before_its_step_and_zeros_once_idle(service):
+def test_the_engine_reports_each_reservation_as_it_reads_it_and_zeros_once_idle(service):
     conn = FakeConnection()
     loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
     thread, code = run_in_thread(loop, conn)
     prompt = "the quick brown fox"
     conn.put(predict(1, body(prompt, 5, stream=False)))
-    first = conn.reports.get(timeout=WAIT)  # sent before the step that admits it
+    first = conn.reports.get(timeout=WAIT)  # sent as the frame is read, before any step
     expected = len(service.handler.engine.tokenizer.encode(prompt)) + 5
-    assert first.reserved == {1: expected} and first.stats["waiting"] == 1
+    assert first.reserved == {1: expected} and first.stats == {}
     assert conn.next().type == MsgType.RESULT
     conn.put(Frame(MsgType.SHUTDOWN, 0))
     thread.join(WAIT)
@@ -211,6 +211,34 @@ def test_the_engine_reports_each_reservation_before_its_step_and_zeros_once_idle
     assert {k: v for k, v in last.stats.items() if k != "steps"} == dict.fromkeys(
         ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens"), 0
     )
+
+
+def test_a_reservation_is_reported_while_a_step_runs(service):
+    """The reader thread reports a new request's reservation at once: the frontend's KV budget
+    need not wait for the step in progress (held here until the report came) to end."""
+    streams = service.handler.request_streams()
+    in_step, release = threading.Event(), threading.Event()
+    step = streams.step
+
+    def held_step() -> Any:
+        in_step.set()
+        assert release.wait(WAIT)
+        return step()
+
+    streams.step = held_step
+    conn = FakeConnection()
+    thread, code = run_in_thread(EngineLoop(service, service.context, streams, 4), conn)
+    conn.put(predict(1, body("the quick brown fox", 3, stream=False)))
+    assert set(conn.reports.get(timeout=WAIT).reserved) == {1}
+    assert in_step.wait(WAIT)  # the loop is inside a step, held there
+    conn.put(predict(2, body("a model", 4, stream=False)))
+    report = conn.reports.get(timeout=WAIT)  # while the step is still held
+    assert report.reserved == {2: len(service.handler.engine.tokenizer.encode("a model")) + 4}
+    release.set()
+    assert {conn.next().seq, conn.next().seq} == {1, 2}
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
 
 
 @pytest.mark.parametrize("init", ["async", "sync"])
