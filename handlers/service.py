@@ -7,13 +7,20 @@ module, then as ``ts.torch_handler.<module>``. If the module has the function (d
 ``fn(batch, context)`` per batch. Otherwise the module must define exactly one class, which is
 instantiated, then ``initialize(context)`` and ``handle(batch, context)`` are called on it.
 
+``initialize`` may be a coroutine (TorchServe's ``asyncCommunication`` handlers, e.g. its
+``VLLMHandler``, build their async engine in it): it is run to completion on an event loop of
+its own, kept in `Service.loop`, so that an ``asyncCommunication`` worker serves ``handle`` on
+the loop the engine was made on (`serve.worker.concurrent.AsyncLoop`).
+
 Deviation from TorchServe: an explicit ``module:function`` whose function does not exist is an
 error, instead of a silent fall-back to class style.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +93,8 @@ class Service:
     handler: Any = None  # the handler instance (class style) or None (function style)
     function_name: str | None = field(default=None)
     envelope: str | None = None  # the service_envelope wrapping entry_point, if any
+    # The event loop an ``async def initialize`` ran on; None when initialisation was sync.
+    loop: asyncio.AbstractEventLoop | None = None
 
     def predict(self, batch: list, ctx: Context | None = None) -> list:
         """Call the handler on ``batch``; the result must be a list with one item per request."""
@@ -123,8 +132,9 @@ def load_service(
     fn_name = function_name or DEFAULT_FUNCTION
     entry_point = getattr(module, fn_name, None)
     instance = None
+    initialized: Any = None
     if callable(entry_point):
-        entry_point(None, context)  # TorchServe's initialisation call
+        initialized = entry_point(None, context)  # TorchServe's initialisation call
     elif function_name is not None:
         raise HandlerLoadError(f"handler module {module_name!r} has no function {function_name!r}")
     else:
@@ -140,8 +150,9 @@ def load_service(
             raise HandlerLoadError(f"Expect handle method in class {classes[0].__name__}")
         initialize = getattr(instance, "initialize", None)
         if callable(initialize):
-            initialize(context)
+            initialized = initialize(context)
         entry_point = instance.handle
+    loop = _await_initialize(initialized) if inspect.isawaitable(initialized) else None
 
     return Service(
         model_name=context.model_name or model_info.get("modelName", ""),
@@ -152,4 +163,20 @@ def load_service(
         module=module,
         handler=instance,
         function_name=fn_name if instance is None else None,
+        loop=loop,
     )
+
+
+def _await_initialize(initialized: Any) -> asyncio.AbstractEventLoop:
+    """Run an ``async def initialize`` to its end on a new event loop, kept open for ``handle``."""
+
+    async def wait() -> Any:
+        return await initialized
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(wait())
+    except BaseException:
+        loop.close()
+        raise
+    return loop

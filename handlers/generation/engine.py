@@ -126,13 +126,19 @@ class Engine:
     def has_work(self) -> bool:
         return len(self.scheduler) > 0
 
+    def reservation(self, request_id: str) -> int | None:
+        """The cache positions a request reserves once admitted (prompt + max_tokens, capped by
+        max_model_len); None when it is not here."""
+        seq = self.scheduler.find(request_id)
+        return seq.reserved if seq is not None else None
+
     def __contains__(self, request_id: str) -> bool:
         return self.scheduler.find(request_id) is not None
 
-    def add(self, request_id: str, request: GenerationRequest) -> None:
-        """Queue a request; raises `PredictionException` (400, or 507 if it can never fit)."""
-        if request_id in self:
-            raise PredictionException(f"request {request_id!r} is already being generated", 400)
+    def check(self, request: GenerationRequest) -> tuple[list[int], int]:
+        """Tokenize and check a request: (prompt ids, the cache positions it will reserve);
+        raises `PredictionException` (400, or 507 if it can never fit). Touches no engine state,
+        so a worker may run it on another thread (to report the reservation early)."""
         try:
             prompt_ids = list(self.tokenizer.encode(request.prompt))
         except Exception as exc:  # a tokenizer bug fails this request, not the worker
@@ -147,14 +153,27 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens; this model takes at most {limit - 1}",
                 400,
             )
-        params = request.params
-        reserved = min(len(prompt_ids) + params.max_tokens, limit)
+        reserved = min(len(prompt_ids) + request.params.max_tokens, limit)
         if reserved > self._limits.max_cached_tokens:
             raise PredictionException(
                 f"the request needs {reserved} cache positions (prompt + max_tokens); this "
                 f"worker's KV-cache budget is {self._limits.max_cached_tokens}",
                 507,
             )
+        return prompt_ids, reserved
+
+    def add(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        checked: tuple[list[int], int] | None = None,
+    ) -> None:
+        """Queue a request (``checked``: what `check` gave for it, if it ran already); raises
+        `PredictionException` (400, or 507 if it can never fit)."""
+        if request_id in self:
+            raise PredictionException(f"request {request_id!r} is already being generated", 400)
+        prompt_ids, reserved = checked if checked is not None else self.check(request)
+        params = request.params
         seq = Sequence(
             request_id=request_id,
             prompt_ids=prompt_ids,

@@ -70,9 +70,15 @@ class RequestStreams:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._open
 
-    def open(self, request_id: str, request: GenerationRequest) -> None:
-        """Add a parsed request to the engine; raises `PredictionException` (400/507)."""
-        self.engine.add(request_id, request)
+    def open(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        checked: tuple[list[int], int] | None = None,
+    ) -> None:
+        """Add a parsed request to the engine (``checked``: `Engine.check`'s answer for it, if
+        it ran already); raises `PredictionException` (400/507)."""
+        self.engine.add(request_id, request, checked)
         self._open[request_id] = _Open(request.stream)
 
     def cancel(self, request_id: str) -> bool:

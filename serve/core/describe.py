@@ -68,6 +68,28 @@ def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
     if info.limits:  # it runs many requests at once (serve/worker/concurrent.py)
         data["limits"] = info.limits
         data["runningRequests"] = info.in_flight
+    if info.engine:  # a generative engine's live counts, as its worker last reported them
+        data["engine"] = _engine(info)
+    return data
+
+
+_ENGINE_KEYS = {
+    "waiting": "waiting",
+    "prefilling": "prefilling",
+    "running": "running",
+    "reserved_tokens": "reservedTokens",
+    "cached_tokens": "cachedTokens",
+    "steps": "steps",
+}
+
+
+def _engine(info: WorkerInfo) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        camel: info.engine[key] for key, camel in _ENGINE_KEYS.items() if key in info.engine
+    }
+    usage = info.kv_cache_usage
+    if usage is not None:
+        data["kvCacheUsage"] = round(usage, 4)
     return data
 
 

@@ -165,7 +165,7 @@ class Dispatcher:
             return
         settings = self._settings()
         workers = {w.worker_id: w for w in self.source.workers()}
-        views = [WorkerView(i, w.state, self._running.get(w, 0)) for i, w in workers.items()]
+        views = [self._view(i, w) for i, w in workers.items()]
         plan = self.placement.plan(views, time.monotonic(), settings)
         if plan.wait > 0:
             self._delay_timer = asyncio.get_running_loop().call_later(plan.wait, self.schedule)
@@ -180,6 +180,14 @@ class Dispatcher:
             task = asyncio.create_task(self._run(worker, jobs))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_tasks.discard)
+
+    def _view(self, worker_id: str, worker: Worker) -> WorkerView:
+        running = self._running.get(worker, 0)
+        # A generative worker says what its requests reserve (`WorkerProcess.reservations`);
+        # a job it has not said for yet (or a worker that never says) is "unreported".
+        reservations = getattr(worker, "reservations", None)
+        reserved, reported = reservations() if callable(reservations) else (0, 0)
+        return WorkerView(worker_id, worker.state, running, reserved, max(0, running - reported))
 
     async def _run(self, worker: Worker, jobs: list[Job]) -> None:
         if worker.state not in LIVE_STATES:

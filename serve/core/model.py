@@ -65,7 +65,7 @@ class WorkerFactory(Protocol):
 def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
     """The real kind: a ``python -m serve.worker`` process (or a warm spare) for ``slot``."""
     config = model.config
-    return WorkerProcess(
+    worker = WorkerProcess(
         slot.worker_id,
         model.worker_spec(slot),
         model.socket_dir,
@@ -75,6 +75,9 @@ def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
         arena_bytes=config.worker_shm_arena_mb << 20,
         arena_threshold=config.worker_shm_threshold_kb << 10,
     )
+    # An engine's exact reservations free KV budget that slot placement counted at the worst.
+    worker.on_reservations = lambda: model.dispatcher.schedule()
+    return worker
 
 
 class ModelVersion:

@@ -34,6 +34,10 @@ class WorkerView:
     worker_id: str
     state: WorkerState
     running: int = 0  # jobs the dispatcher has on it now
+    # A generative engine's KV-cache budget in use (slot placement): cache positions reserved by
+    # its jobs whose reservation it reported, and how many of its jobs have not reported one yet.
+    reserved_tokens: int = 0
+    unreported: int = 0
 
 
 @dataclass(slots=True)

@@ -116,6 +116,17 @@ class WorkerInfo:
     # the requests it runs now.
     limits: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
+    # A generative engine's latest live counts (`serve.wire.messages.EngineReport.stats`).
+    engine: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kv_cache_usage(self) -> float | None:
+        """The engine's KV-cache budget in use (reserved / max_cached_tokens), 0..1; None
+        without an engine."""
+        budget = self.limits.get("max_cached_tokens")
+        if not budget or "reserved_tokens" not in self.engine:
+            return None
+        return min(1.0, self.engine["reserved_tokens"] / budget)
 
 
 WorkerFactory = Callable[[WorkerSlot], ManagedWorker]
@@ -384,6 +395,7 @@ def _info(slot: WorkerSlot) -> WorkerInfo:
         gpu_memory=getattr(proc, "gpu_memory", None),
         limits=dict(getattr(proc, "limits", None) or {}),
         in_flight=_in_flight(proc) if proc is not None else 0,
+        engine=dict(getattr(proc, "engine_stats", None) or {}),
     )
 
 

@@ -7,6 +7,17 @@ to the worker, as a batch of its own, as long as the worker runs fewer than its 
 (``batchSize``, or the engine's most running sequences); a request that ends frees its slot at
 once, and the next waiting one takes it. A worker with all slots taken is BUSY.
 
+A generative engine also has a KV-cache budget (``max_cached_tokens`` in LOADED): a request
+reserves prompt + max_tokens positions, capped by ``max_model_len``, as the engine reserves them.
+The frontend cannot count prompt tokens (no tokenizer here, and a chat template adds tokens the
+body does not show), so the worker reports each request's exact reservation in an ENGINE frame
+as soon as its reader thread has read and tokenized it, even while a step runs
+(`serve.wire.messages.EngineReport`); until then a request counts as the most one can reserve,
+``min(max_model_len, max_cached_tokens)``. So the frontend never sends more than the budget
+holds, and the requests beyond it wait in the dispatcher's queue (429 when full), not inside the
+engine; the price is that a burst goes out at most ``budget / max_model_len`` requests per round
+trip to the worker (a socket write and a tokenization: milliseconds, not a step).
+
 Only the decision is new here: the queue, its deadlines, retries (none once an answer has begun
 to stream) and errors are plain batching's (`serve.core.batching.BatchPlacement`).
 """
@@ -22,19 +33,32 @@ from serve.core.jobs import LIVE_STATES
 from serve.core.placement import Plan, WorkerView
 
 
-def plan_slots(waiting: int, free: Sequence[tuple[str, int]]) -> list[str]:
+def plan_slots(
+    waiting: int,
+    free: Sequence[tuple[str, int]],
+    tokens: Mapping[str, int] | None = None,
+    need: int = 0,
+) -> list[str]:
     """The worker each of the ``waiting`` oldest requests goes to now, oldest first.
 
     ``free`` is (worker id, free slots) per worker in service. Each request goes to the worker
     with the most free slots (the first of them on a tie), so that load spreads; requests beyond
-    the free slots wait.
+    the free slots wait. With ``tokens`` (worker id -> free KV-cache positions; a worker not in
+    it has no token budget), each request also takes ``need`` positions, and a worker with fewer
+    left takes no more.
     """
     room = {worker: slots for worker, slots in free if slots > 0}
+    cache = dict(tokens or {})
     targets: list[str] = []
-    while room and len(targets) < waiting:
-        worker = max(room, key=room.__getitem__)  # max keeps the first of equals
+    while len(targets) < waiting:
+        fits = [w for w in room if w not in cache or cache[w] >= need]
+        if not fits:
+            break
+        worker = max(fits, key=room.__getitem__)  # max keeps the first of equals
         targets.append(worker)
         room[worker] -= 1
+        if worker in cache:
+            cache[worker] -= need
         if room[worker] == 0:
             del room[worker]
     return targets
@@ -50,24 +74,49 @@ class SlotPlacement(BatchPlacement):
     # The dispatcher cancels one request on such a worker (CANCEL) rather than kill the worker.
     cancels_requests = True
 
-    def __init__(self, capacity: int, slots: int | None = None) -> None:
+    def __init__(
+        self, capacity: int, slots: int | None = None, max_cached_tokens: int | None = None
+    ) -> None:
         super().__init__(capacity)
         self.slots = slots
+        self.max_cached_tokens = max_cached_tokens  # per worker; None: no token budget
+        self.max_model_len: int | None = None
 
     def learn(self, limits: Mapping[str, int]) -> None:
-        """Take the budget a worker reported in LOADED (``slots``), when it reported one."""
+        """Take the budget a worker reported in LOADED: ``slots``, and an engine's
+        ``max_cached_tokens`` and ``max_model_len``, when it reported them."""
         slots = limits.get("slots")
         if slots and slots > 0:
             self.slots = int(slots)
+        cached = limits.get("max_cached_tokens")
+        if cached and cached > 0:
+            self.max_cached_tokens = int(cached)
+        model_len = limits.get("max_model_len")
+        if model_len and model_len > 0:
+            self.max_model_len = int(model_len)
+
+    def unreported_need(self) -> int:
+        """What a request counts against the cache budget until its worker reports it: the
+        most one can reserve (never more than the budget, so an idle worker always takes one)."""
+        budget = self.max_cached_tokens or 0
+        return min(self.max_model_len or budget, budget)
 
     def per_worker(self, settings: ModelSettings) -> int:
         return max(1, self.slots or settings.batch_size)
 
     def plan(self, workers: Sequence[WorkerView], now: float, settings: ModelSettings) -> Plan:
         budget = self.per_worker(settings)
-        free = [(w.worker_id, budget - w.running) for w in workers if w.state in LIVE_STATES]
+        live = [w for w in workers if w.state in LIVE_STATES]
+        free = [(w.worker_id, budget - w.running) for w in live]
+        tokens: dict[str, int] | None = None
+        need = self.unreported_need()
+        if self.max_cached_tokens:
+            tokens = {
+                w.worker_id: self.max_cached_tokens - w.reserved_tokens - w.unreported * need
+                for w in live
+            }
         plan = Plan()
-        for worker_id in plan_slots(self.queue.live_count(), free):
+        for worker_id in plan_slots(self.queue.live_count(), free, tokens, need):
             jobs = self.queue.take(1)
             if not jobs:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -167,7 +168,8 @@ def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
 def _streaming_response(first: ItemResult, rid: str) -> Response:
     """A handler that calls ``send_intermediate_predict_response``: chunked transfer, as TorchServe.
 
-    The status is the first chunk's; an error after it can only end the stream (and is logged).
+    The status is the first chunk's; an error after it (the worker died, the request was cut)
+    is logged and sent as the last chunk, `stream_error_chunk`, before the chunked body ends.
     """
     stream = first.stream
     assert stream is not None
@@ -180,6 +182,7 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
                 if isinstance(item, ServeError):
                     ended = True
                     logger.error("Request %s failed mid-stream: %s", rid, item.message)
+                    yield stream_error_chunk(item)
                     return
                 yield item.body
             ended = True
@@ -192,6 +195,15 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
     return StreamingResponse(
         chunks(), status_code=first.status, headers=headers, media_type=media_type
     )
+
+
+def stream_error_chunk(err: ServeError) -> bytes:
+    """The last chunk of a stream that failed after its first part: TorchServe's error object
+    (``{"code", "type", "message"}``) as one line of compact JSON, on a line of its own.
+
+    TorchServe 0.12 defines no error part for a broken stream (its frontend closes the
+    connection); a client reading lines or JSON objects tells this one by its ``code``."""
+    return b"\n" + json.dumps(err.to_dict(), separators=(",", ":")).encode() + b"\n"
 
 
 # ----- workflows ----------------------------------------------------------------------------------

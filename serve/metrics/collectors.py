@@ -62,6 +62,24 @@ class ServingCollector(_RegistryCollector):
             "Requests waiting for a slot on such workers.",
             labels=_MODEL,
         )
+        # Per generative engine (its worker), as its worker last reported: vLLM's
+        # vllm:kv_cache_usage_perc (a fraction, 0..1, despite the name) and its per-engine
+        # running / waiting counts.
+        kv_usage = GaugeMetricFamily(
+            "serve_kv_cache_usage_perc",
+            "Fraction of each engine's KV-cache budget (max_cached_tokens) reserved, 0..1.",
+            labels=[*_MODEL, "worker"],
+        )
+        engine_running = GaugeMetricFamily(
+            "serve_engine_num_requests_running",
+            "Sequences each generative engine is prefilling or decoding.",
+            labels=[*_MODEL, "worker"],
+        )
+        engine_waiting = GaugeMetricFamily(
+            "serve_engine_num_requests_waiting",
+            "Sequences waiting inside each generative engine for its budget.",
+            labels=[*_MODEL, "worker"],
+        )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
             depth.add_metric(key, mv.pending_requests())
@@ -74,6 +92,15 @@ class ServingCollector(_RegistryCollector):
             for info in infos:
                 state = info.state
                 counts[state.value] = counts.get(state.value, 0) + 1
+                if info.engine and state is not WorkerState.DEAD:
+                    labels = [*key, info.worker_id]
+                    engine = info.engine
+                    usage = info.kv_cache_usage
+                    if usage is not None:
+                        kv_usage.add_metric(labels, usage)
+                    active = engine.get("running", 0) + engine.get("prefilling", 0)
+                    engine_running.add_metric(labels, active)
+                    engine_waiting.add_metric(labels, engine.get("waiting", 0))
                 if info.pid is not None and state is not WorkerState.DEAD:
                     value = process_rss(info.pid)
                     if value is not None:
@@ -83,6 +110,8 @@ class ServingCollector(_RegistryCollector):
         yield from (depth, in_flight, workers, rss)
         if running.samples:
             yield from (running, waiting)
+        if engine_running.samples:
+            yield from (kv_usage, engine_running, engine_waiting)
 
 
 class UpdateCollector(_RegistryCollector):

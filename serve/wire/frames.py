@@ -45,6 +45,7 @@ class MsgType(enum.IntEnum):
     PARTIAL = 9  # worker → frontend: an intermediate (streamed) chunk for each batch item
     THREADS = 10  # frontend → worker: {"threads": n}, its new intra-op share (core/threads.py)
     CANCEL = 11  # frontend → worker: stop the batch ``seq`` (client gone, deadline passed)
+    ENGINE = 12  # worker → frontend: its engine's live counts and new requests' reservations
 
 
 class ProtocolError(Exception):

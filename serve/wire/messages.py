@@ -10,6 +10,9 @@ batch's answers and a PARTIAL frame's chunks, each with one encoder and one deco
     PartialItem   a PARTIAL's ``{"items": [{"ct"}]}``, a streamed chunk per item, and its body
     Loaded        LOADED ``{"pid", "modules", "warmup", "gpu_memory"}``: ready, after warm-up
     LoadFailed    LOAD_FAILED ``{"type", "message"}``: the handler did not load or warm up
+    Cancel        CANCEL ``{"reason"}``: drop the batch ``seq`` (a worker with slots)
+    EngineReport  ENGINE ``{"stats": {...}, "reserved": [[seq, tokens]]}``: a generative
+                  engine's live counts, and the cache positions requests it just took reserve
 
 These run for every batch on both sides: plain slotted dataclasses, no validation beyond what
 decoding needs (a malformed frame is a `ProtocolError`, a bug rather than user input).
@@ -27,6 +30,7 @@ from serve.wire.frames import Frame, MsgType, ProtocolError
 
 __all__ = [
     "BatchResult",
+    "EngineReport",
     "ErrorItem",
     "LoadFailed",
     "Loaded",
@@ -34,10 +38,12 @@ __all__ = [
     "PredictItem",
     "ResultItem",
     "WorkerSpec",
+    "decode_engine_report",
     "decode_load",
     "decode_partial",
     "decode_predict",
     "decode_result",
+    "encode_engine_report",
     "encode_load",
     "encode_partial",
     "encode_predict",
@@ -324,3 +330,40 @@ def decode_cancel(frame: Frame) -> Cancel:
     if frame.type != MsgType.CANCEL:
         raise ProtocolError(f"a {frame.type.name} frame where CANCEL belongs")
     return Cancel(frame.seq, str(frame.meta.get("reason") or "cancelled"))
+
+
+# The engine's live counts, as `handlers.generation.engine.Engine.stats` names them.
+ENGINE_STATS = ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens", "steps")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReport:
+    """A generative engine's state, sent by its worker (`serve.worker.concurrent.EngineLoop`)
+    after a step that changed its counts, at most every few tenths of a second while only its
+    cache grows, and so always after the step that leaves it idle (all zeros): no count
+    outlives its requests.
+
+    ``reserved`` maps a batch ``seq`` the worker has just read to the cache positions its
+    requests will reserve (prompt + max_tokens, capped by max_model_len), sent as soon as the
+    frame is read (then ``stats`` is empty): the frontend's slot placement counts them against
+    the worker's ``max_cached_tokens``.
+    """
+
+    stats: dict[str, int]
+    reserved: dict[int, int] = field(default_factory=dict)
+
+
+def encode_engine_report(report: EngineReport) -> Frame:
+    meta = {"stats": report.stats, "reserved": [[seq, n] for seq, n in report.reserved.items()]}
+    return Frame(MsgType.ENGINE, 0, meta)
+
+
+def decode_engine_report(frame: Frame) -> EngineReport:
+    if frame.type != MsgType.ENGINE:
+        raise ProtocolError(f"a {frame.type.name} frame where ENGINE belongs")
+    try:
+        stats = {str(k): int(v) for k, v in frame.meta["stats"].items()}
+        reserved = {int(seq): int(n) for seq, n in frame.meta.get("reserved") or []}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed ENGINE frame: {exc!r}"[:200]) from exc
+    return EngineReport(stats, reserved)

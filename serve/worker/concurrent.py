@@ -8,6 +8,8 @@ batch of one, up to the budget reported in LOADED (``Loaded.limits["slots"]``).
 * `EngineLoop`: a handler with ``request_streams()`` (the built-in ``text_generation``). Each
   request is added to the engine as it arrives and joins its next step; a streamed request's parts
   go out as PARTIAL frames, the final RESULT ends it; CANCEL drops it before the next forward.
+  ENGINE frames (`serve.wire.messages.EngineReport`) carry the engine's live counts and each new
+  request's cache reservation to the frontend.
 * `AsyncLoop`: ``asyncCommunication: true`` (TorchServe's key). The handler's ``handle`` may be a
   coroutine; each request runs as its own task on one asyncio loop, with a context of its own, and
   ``send_intermediate_predict_response`` streams its parts; CANCEL cancels that task.
@@ -32,12 +34,14 @@ from typing import Any, Protocol
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import (
     BatchResult,
+    EngineReport,
     ErrorItem,
     PartialItem,
     PredictItem,
     ResultItem,
     decode_cancel,
     decode_predict,
+    encode_engine_report,
     encode_partial,
     encode_result,
 )
@@ -45,6 +49,9 @@ from serve.wire.messages import (
 logger = logging.getLogger("serve.worker")
 
 CANCELLED_STATUS = 499  # the client closed the request (nginx's code); it never reaches one
+# While only the cache grows (every decode step), the engine's counts go out at most this often;
+# a change in its sequences or reservations goes out after the step that made it.
+REPORT_INTERVAL = 0.5
 
 
 class Connection(Protocol):
@@ -110,6 +117,16 @@ def _result(value: Any, status: int = 200, headers: dict[str, str] | None = None
 
 
 @dataclass
+class _Prepared:
+    """A PREDICT's requests as the reader thread parsed and checked them: per item, the request
+    and `Engine.check`'s (prompt ids, reservation), or the error that answers it."""
+
+    requests: list[PredictItem]
+    items: list[Any] = field(default_factory=list)
+    reserved: int = 0  # cache positions over its items that will run
+
+
+@dataclass
 class _Batch:
     """One PREDICT frame in flight: one answer per item, sent together when all are in."""
 
@@ -146,9 +163,12 @@ class EngineLoop:
         self.streams = streams
         self.handler = service.handler
         self.slots = slots
-        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Frame, _Prepared | None] | None] = queue.SimpleQueue()
         self._batches: dict[int, _Batch] = {}
         self._owner: dict[str, tuple[int, int]] = {}  # engine id -> (seq, item index)
+        self._reported: dict[str, int] = {}  # the counts last sent
+        self._reported_at = 0.0
+        self._send_lock = threading.Lock()  # the reader thread sends reservations too
 
     @property
     def limits(self) -> dict[str, int]:
@@ -156,22 +176,81 @@ class EngineLoop:
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
         self._conn = conn
-        Inbox(conn, self._inbox.put).start()
+        self._decode = decode
+        Inbox(conn, self._read).start()
         while True:
-            for frame in self._take(block=not self.streams.has_work()):
-                if frame is None or frame.type == MsgType.SHUTDOWN:
+            for taken in self._take(block=not self.streams.has_work()):
+                if taken is None or taken[0].type == MsgType.SHUTDOWN:
                     return 0
+                frame, prepared = taken
                 if frame.type == MsgType.THREADS:
                     on_threads(int(frame.meta["threads"]))
                 elif frame.type == MsgType.PREDICT:
-                    self._arrive(frame, decode)
+                    self._arrive(frame, decode, prepared)
                 elif frame.type == MsgType.CANCEL:
                     self._cancel(decode_cancel(frame).seq)
             if self.streams.has_work():
                 self._step()
+                self._report_if_due()
 
-    def _take(self, block: bool) -> list[Frame | None]:
-        frames: list[Frame | None] = []
+    def _send(self, frame: Frame) -> None:
+        with self._send_lock:
+            self._conn.send(frame)
+
+    def _read(self, frame: Frame | None) -> None:
+        """On the reader thread: a PREDICT is parsed and tokenized here, and its reservation
+        reported at once, even while the loop runs a step, so that the frontend's KV budget
+        counts it exactly within a round trip, not a step."""
+        prepared = None
+        if frame is not None and frame.type == MsgType.PREDICT:
+            try:
+                prepared = self._prepare(frame)
+            except Exception:  # e.g. a malformed frame: the loop meets it again and says so
+                logger.debug("Preparing batch %d failed; the loop takes it as it is", frame.seq)
+            if prepared is not None and prepared.reserved:
+                report = EngineReport({}, {frame.seq: prepared.reserved})
+                self._send(encode_engine_report(report))
+        self._inbox.put(None if frame is None else (frame, prepared))
+
+    def _prepare(self, frame: Frame) -> _Prepared | None:
+        from handlers.exceptions import PredictionException
+
+        requests = decode_predict(frame)
+        if any(req.headers.get("describe") for req in requests):
+            return None
+        engine = self.streams.engine
+        prepared = _Prepared(requests)
+        for req in requests:
+            try:
+                request = self.handler.parse(decode_row(req, self._decode))
+                checked = engine.check(request)
+            except PredictionException as exc:
+                prepared.items.append(exc)
+                continue
+            prepared.items.append((request, checked))
+            prepared.reserved += checked[1]
+        return prepared
+
+    def _report(self) -> None:
+        stats = self.streams.engine.stats()
+        self._send(encode_engine_report(EngineReport(stats)))
+        self._reported = stats
+        self._reported_at = time.monotonic()
+
+    def _report_if_due(self) -> None:
+        """After a step: the counts when a sequence came, went or changed state (so the step
+        that leaves the engine idle sends zeros), else at most every `REPORT_INTERVAL`."""
+        stats = self.streams.engine.stats()
+        changed = any(
+            stats[key] != self._reported.get(key)
+            for key in ("waiting", "prefilling", "running", "reserved_tokens")
+        )
+        due = time.monotonic() - self._reported_at >= REPORT_INTERVAL
+        if stats != self._reported and (changed or due):
+            self._report()
+
+    def _take(self, block: bool) -> list[tuple[Frame, _Prepared | None] | None]:
+        frames: list[tuple[Frame, _Prepared | None] | None] = []
         try:
             frames.append(self._inbox.get(block=block))
             while True:
@@ -180,14 +259,14 @@ class EngineLoop:
             pass
         return frames
 
-    def _arrive(self, frame: Frame, decode: bool) -> None:
+    def _arrive(self, frame: Frame, decode: bool, prepared: _Prepared | None) -> None:
         from handlers.exceptions import PredictionException
 
-        requests = decode_predict(frame)
-        if any(req.headers.get("describe") for req in requests):  # the handler answers as usual
-            from serve.worker.main import client_errors, run_items
+        requests = prepared.requests if prepared is not None else decode_predict(frame)
+        if prepared is None and any(req.headers.get("describe") for req in requests):
+            from serve.worker.main import client_errors, run_items  # the handler answers
 
-            self._conn.send(
+            self._send(
                 encode_result(
                     frame.seq,
                     client_errors(run_items(self.service, self.context, requests, decode)),
@@ -199,7 +278,13 @@ class EngineLoop:
         for index, req in enumerate(requests):
             engine_id = f"{frame.seq}/{index}"
             try:
-                self.streams.open(engine_id, self.handler.parse(decode_row(req, decode)))
+                item = prepared.items[index] if prepared is not None else None
+                if isinstance(item, PredictionException):
+                    raise item
+                if item is None:  # not prepared on the reader thread
+                    self.streams.open(engine_id, self.handler.parse(decode_row(req, decode)))
+                else:
+                    self.streams.open(engine_id, item[0], item[1])
             except PredictionException as exc:
                 batch.answers[index] = _error(exc, req.request_id)
                 continue
@@ -252,7 +337,7 @@ class EngineLoop:
         from handlers.output import encode_output
 
         body, content_type = encode_output(part)
-        self._conn.send(encode_partial(seq, [PartialItem(content_type, body)]))
+        self._send(encode_partial(seq, [PartialItem(content_type, body)]))
 
     def _answer(self, engine_id: str, answer: ResultItem | ErrorItem) -> None:
         seq, index = self._owner.pop(engine_id)
@@ -265,7 +350,7 @@ class EngineLoop:
             from serve.worker.main import client_errors
 
             del self._batches[batch.seq]
-            self._conn.send(encode_result(batch.seq, client_errors(batch.result())))
+            self._send(encode_result(batch.seq, client_errors(batch.result())))
 
 
 # ----- asyncCommunication -----------------------------------------------------------------------
@@ -301,7 +386,18 @@ class AsyncLoop:
         return {"slots": self.slots}
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
-        return asyncio.run(self._serve(conn, decode, on_threads))
+        # On the loop an ``async def initialize`` ran on (`handlers.service.Service.loop`): an
+        # engine made there (vLLM's AsyncLLMEngine) is bound to it.
+        loop: asyncio.AbstractEventLoop | None = getattr(self.service, "loop", None)
+        if loop is None:
+            return asyncio.run(self._serve(conn, decode, on_threads))
+        asyncio.set_event_loop(loop)
+        try:
+            return loop.run_until_complete(self._serve(conn, decode, on_threads))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            asyncio.set_event_loop(None)
+            loop.close()
 
     async def _serve(
         self, conn: Connection, decode: bool, on_threads: Callable[[int], None]

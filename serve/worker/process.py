@@ -26,6 +26,7 @@ from serve.wire.messages import (
     LoadFailed,
     PartialItem,
     WorkerSpec,
+    decode_engine_report,
     decode_load,
     decode_partial,
     decode_result,
@@ -91,6 +92,11 @@ class WorkerProcess:
         # What a worker that runs many requests at once reported in LOADED ("slots", and its
         # engine's limits); empty for the one-batch-at-a-time loop.
         self.limits: dict[str, int] = {}
+        # A generative engine's latest live counts (ENGINE frames: `EngineReport.stats`), and
+        # the cache positions each of its requests in flight reserves, once it said.
+        self.engine_stats: dict[str, int] = {}
+        self._reserved: dict[int, int] = {}
+        self.on_reservations: Callable[[], None] | None = None  # called when some arrive
         # Large request bodies go through a shared-memory arena (serve/wire/shm.py); 0: inline only.
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
@@ -238,7 +244,11 @@ class WorkerProcess:
                         if on_partial is not None:
                             on_partial(_partial_results(frame))
                         continue
+                    if frame.type == MsgType.ENGINE:
+                        self._engine_report(frame)
+                        continue
                     self._partials.pop(frame.seq, None)
+                    self._reserved.pop(frame.seq, None)
                     if self.arena is not None:  # the final RESULT: the worker is done with it
                         self.arena.release(frame.seq)
                     future = self._pending.pop(frame.seq, None)
@@ -253,6 +263,21 @@ class WorkerProcess:
         self.kill()
         if self._writer is not None:  # our end of the socket, now, not when collected
             self._writer.close()
+
+    def _engine_report(self, frame: Frame) -> None:
+        report = decode_engine_report(frame)
+        if report.stats:  # a report of reservations alone carries none
+            self.engine_stats = report.stats
+        for seq, tokens in report.reserved.items():
+            if seq in self._pending:  # not one answered (or cancelled) meanwhile
+                self._reserved[seq] = tokens
+        if report.reserved and self.on_reservations is not None:
+            self.on_reservations()
+
+    def reservations(self) -> tuple[int, int]:
+        """(cache positions reserved, requests) over the requests in flight whose reservation
+        the engine reported; slot placement counts the others at the most one can take."""
+        return sum(self._reserved.values()), len(self._reserved)
 
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:
@@ -292,6 +317,8 @@ class WorkerProcess:
 
     def _fail_pending(self) -> None:
         self._close_arena()  # the worker is gone: so is every batch's space
+        self._reserved.clear()
+        self.engine_stats = {}  # nothing runs there any more
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -335,6 +362,7 @@ class WorkerProcess:
             # answers it (that RESULT frees the arena space and is otherwise ignored).
             self._pending.pop(seq, None)
             self._partials.pop(seq, None)
+            self._reserved.pop(seq, None)
             self.cancel(seq)
             raise
         return _outcome(result)

@@ -5,7 +5,6 @@ an ``asyncCommunication`` handler shaped like TorchServe's VLLMHandler, over rea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -106,9 +105,29 @@ def test_describe_and_greedy_output(server: LanternServer, folder: Path) -> None
     (worker,) = server.describe("tiny")[0]["workers"]
     assert worker["limits"]["slots"] == 2 and worker["limits"]["max_running_sequences"] == 2
     assert worker["limits"]["prefill_chunk_tokens"] == 8 and worker["runningRequests"] == 0
+    # Idle again: the step that ended it left the engine's counts at zero, not stale.
+    engine = engine_counts(server, lambda e: e.get("running") == 0 and e["reservedTokens"] == 0)
+    assert engine["waiting"] == engine["cachedTokens"] == 0 and engine["steps"] > 0, engine
+    assert engine["kvCacheUsage"] == 0
     text = httpx.get(f"{server.metrics}/metrics", timeout=30).text
     assert 'serve_generation_tokens_total{model="tiny",version="1.0"}' in text
     assert 'serve_time_to_first_token_seconds_count{model="tiny",version="1.0"}' in text
+    assert (
+        f'serve_kv_cache_usage_perc{{model="tiny",version="1.0",worker="{worker["id"]}"}} 0.0'
+        in text
+    )
+
+
+def engine_counts(server: LanternServer, holds: Any) -> dict[str, Any]:
+    """The engine's counts in describe once ``holds`` does, or after 30 s (they come in the
+    worker's ENGINE frame just after the answer, so a describe may see the one before)."""
+    deadline = time.monotonic() + 30
+    while True:
+        (worker,) = server.describe("tiny")[0]["workers"]
+        engine: dict[str, Any] = worker.get("engine") or {}
+        if (engine and holds(engine)) or time.monotonic() > deadline:
+            return engine
+        time.sleep(0.05)
 
 
 def running_on(server: LanternServer, model: str = "tiny") -> float:
@@ -128,6 +147,10 @@ def test_a_late_request_joins_a_running_stream_and_bad_input_is_a_4xx(
         parts = long_stream.iter_bytes()
         assert next(parts)  # the long stream has begun
         assert running_on(server) == 1
+        engine = engine_counts(server, lambda e: e.get("running") == 1)
+        # prompt + 6000 tokens reserved of the default 16384-position budget
+        assert engine["running"] == 1 and engine["reservedTokens"] > 6000, engine
+        assert 0.3 < engine["kvCacheUsage"] < 0.5
         body = {"prompt": "héllo", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
         late = generate(server, body)
         assert late.status_code == 200, late.text
@@ -190,10 +213,11 @@ def test_a_killed_worker_ends_its_streams_with_an_error_and_is_replaced(
         assert next(parts)
         os.kill(pid, signal.SIGKILL)
         rest = b""
-        with contextlib.suppress(httpx.HTTPError):  # it ends short (cut or closed), never hangs
-            for part in parts:
-                rest += part
+        for part in parts:  # it ends, never hangs, with the error as its last chunk
+            rest += part
         assert b"finish_reason" not in rest
+        last = json.loads(rest.splitlines()[-1])
+        assert last["type"] == "WorkerDied" and last["code"] == 500, last
     short = {"prompt": "x", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
     for _ in range(120):  # the replacement starts (it loads the model again)
         response = generate(server, short)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,9 +22,11 @@ from handlers.service import load_service
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import (
     Cancel,
+    EngineReport,
     ErrorItem,
     PredictItem,
     ResultItem,
+    decode_engine_report,
     decode_partial,
     decode_result,
     encode_cancel,
@@ -34,20 +37,26 @@ from tests.support.generation_fixtures import save_pretrained
 
 MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
 WAIT = 120  # seconds for one frame on a loaded machine
+HANDLERS = Path(__file__).resolve().parents[1] / "support" / "handlers"
+HANDLER = "async_engine_handler"
 
 
 class FakeConnection:
-    """Frames in through ``put``, frames out through ``sent``."""
+    """Frames in through ``put``, frames out through ``sent`` (ENGINE reports in ``reports``)."""
 
     def __init__(self) -> None:
         self.inbox: queue.Queue[Frame | None] = queue.Queue()
         self.sent: queue.Queue[Frame] = queue.Queue()
+        self.reports: queue.Queue[EngineReport] = queue.Queue()
 
     def receive(self) -> Frame | None:
         return self.inbox.get()
 
     def send(self, frame: Frame) -> None:
-        self.sent.put(frame)
+        if frame.type == MsgType.ENGINE:
+            self.reports.put(decode_engine_report(frame))
+        else:
+            self.sent.put(frame)
 
     def put(self, frame: Frame | None) -> None:
         self.inbox.put(frame)
@@ -182,15 +191,73 @@ def test_an_unstreamed_request_is_answered_whole(service):
     assert code == [0]
 
 
-def test_the_async_loop_runs_many_requests_at_once_and_cancels_one():
+def test_the_engine_reports_each_reservation_as_it_reads_it_and_zeros_once_idle(service):
+    conn = FakeConnection()
+    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    thread, code = run_in_thread(loop, conn)
+    prompt = "the quick brown fox"
+    conn.put(predict(1, body(prompt, 5, stream=False)))
+    first = conn.reports.get(timeout=WAIT)  # sent as the frame is read, before any step
+    expected = len(service.handler.engine.tokenizer.encode(prompt)) + 5
+    assert first.reserved == {1: expected} and first.stats == {}
+    assert conn.next().type == MsgType.RESULT
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+    later = [conn.reports.get_nowait() for _ in range(conn.reports.qsize())]
+    assert any(r.stats["reserved_tokens"] == expected for r in later)
+    last = later[-1]  # the step that ended the last request left the counts at zero
+    assert not last.reserved and last.stats["steps"] > 0
+    assert {k: v for k, v in last.stats.items() if k != "steps"} == dict.fromkeys(
+        ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens"), 0
+    )
+
+
+def test_a_reservation_is_reported_while_a_step_runs(service):
+    """The reader thread reports a new request's reservation at once: the frontend's KV budget
+    need not wait for the step in progress (held here until the report came) to end."""
+    streams = service.handler.request_streams()
+    in_step, release = threading.Event(), threading.Event()
+    step = streams.step
+
+    def held_step() -> Any:
+        in_step.set()
+        assert release.wait(WAIT)
+        return step()
+
+    streams.step = held_step
+    conn = FakeConnection()
+    thread, code = run_in_thread(EngineLoop(service, service.context, streams, 4), conn)
+    conn.put(predict(1, body("the quick brown fox", 3, stream=False)))
+    assert set(conn.reports.get(timeout=WAIT).reserved) == {1}
+    assert in_step.wait(WAIT)  # the loop is inside a step, held there
+    conn.put(predict(2, body("a model", 4, stream=False)))
+    report = conn.reports.get(timeout=WAIT)  # while the step is still held
+    assert report.reserved == {2: len(service.handler.engine.tokenizer.encode("a model")) + 4}
+    release.set()
+    assert {conn.next().seq, conn.next().seq} == {1, 2}
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+
+
+@pytest.mark.parametrize("init", ["async", "sync"])
+def test_the_async_loop_runs_many_requests_at_once_and_cancels_one(init: str):
+    """With ``async def initialize`` awaited by the loader (on the loop ``handle`` then runs
+    on: the handler checks it), and with a sync one."""
     from handlers.compat import install_ts_alias
 
     install_ts_alias()  # the handler imports the ts shim, as in a worker
-    from tests.support.handlers.async_engine_handler import AsyncEngineHandler
+    context = Context("vllm-like", str(HANDLERS), {}, 8, None, "0.12.0")
+    if init == "async":
+        service: Any = load_service(HANDLERS, {"model": {"handler": HANDLER}}, context)
+        assert service.loop is not None and service.handler.initialized
+    else:
+        from tests.support.handlers.async_engine_handler import AsyncEngineHandler
 
-    handler = AsyncEngineHandler()
-    context = Context("vllm-like", ".", {}, 8, None, "0.12.0")
-    service = SimpleNamespace(entry_point=handler.handle, handler=handler)
+        handler = AsyncEngineHandler()
+        handler.setup(context)
+        service = SimpleNamespace(entry_point=handler.handle, handler=handler, loop=None)
     spec = SimpleNamespace(model_yaml_config={"asyncCommunication": True}, batch_size=8)
     loop = concurrent_loop(service, context, spec)
     assert isinstance(loop, AsyncLoop) and loop.limits == {"slots": 8}

@@ -34,6 +34,67 @@ def test_plan_slots(waiting: int, free: list[tuple[str, int]], expected: list[st
     assert plan_slots(waiting, free) == expected
 
 
+@pytest.mark.parametrize(
+    ("waiting", "free", "tokens", "need", "expected"),
+    [
+        # the cache budget binds before the slots: 1000 positions, 400 a request
+        (4, [("w0", 4)], {"w0": 1000}, 400, ["w0", "w0"]),
+        (1, [("w0", 4)], {"w0": 399}, 400, []),  # not even one fits: it waits
+        (2, [("w0", 4)], {"w0": 400}, 400, ["w0"]),  # exactly one
+        (3, [("w0", 1)], {"w0": 10_000}, 400, ["w0"]),  # the slots bind
+        # a worker whose cache is full is passed over for one with room, even with more slots
+        (2, [("w0", 4), ("w1", 1)], {"w0": 100, "w1": 500}, 400, ["w1"]),
+        (3, [("w0", 3), ("w1", 3)], {"w0": 800, "w1": 400}, 400, ["w0", "w1", "w0"]),
+        # a worker with no token budget (not in ``tokens``) counts slots only
+        (3, [("w0", 2), ("w1", 2)], {"w1": 0}, 400, ["w0", "w0"]),
+        (2, [("w0", 2)], None, 400, ["w0", "w0"]),
+    ],
+)
+def test_plan_slots_with_a_cache_budget(
+    waiting: int,
+    free: list[tuple[str, int]],
+    tokens: dict[str, int] | None,
+    need: int,
+    expected: list[str],
+) -> None:
+    assert plan_slots(waiting, free, tokens, need) == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "views", "expected"),
+    [
+        # 4096 positions, requests count 1024 until reported: 4 go to an idle worker
+        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(0, 0, 0)], 4),
+        # two reported at 100 each, one not: 4096 - 200 - 1024 = 2872 left: 2 more
+        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(3, 200, 1)], 2),
+        # a context longer than the budget: one unreported request at a time, never none
+        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(0, 0, 0)], 1),
+        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(1, 0, 1)], 0),
+        # reported reservations leave room the worst case would not: 512 - 30 = 482 >= 300
+        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 300}, [(1, 30, 0)], 1),
+        # no token budget reported (an asyncCommunication worker): slots only
+        ({"slots": 3}, [(1, 0, 1)], 2),
+    ],
+)
+def test_slot_placement_counts_the_cache_budget_the_worker_reported(
+    limits: dict[str, int], views: list[tuple[int, int, int]], expected: int
+) -> None:
+    async def scenario() -> None:
+        placement = SlotPlacement(100)
+        placement.learn(limits)
+        for job in [_job() for _ in range(10)]:
+            placement.admit(job)
+        workers = [
+            WorkerView("w0", WorkerState.READY, running, reserved, unreported)
+            for running, reserved, unreported in views
+        ]
+        plan = placement.plan(workers, 0.0, ModelSettings())
+        assert sum(len(jobs) for _, jobs in plan.batches) == expected
+        assert placement.live_count() == 10 - expected  # the rest wait in the queue
+
+    asyncio.run(scenario())
+
+
 _ids = itertools.count()
 
 
@@ -181,5 +242,51 @@ def test_a_streamed_request_on_a_worker_that_dies_ends_with_an_error_not_a_retry
         assert isinstance(await asyncio.wait_for(first.stream.get(), 5), WorkerDied)
         assert await first.stream.get() is None
         assert "r0" not in a.running and "r0" not in b.running
+
+    asyncio.run(scenario())
+
+
+class Reporting(ManyAtOnce):
+    """A generative worker: it says each request's KV-cache reservation once it has it, as
+    `WorkerProcess.reservations` does from the engine's ENGINE frames."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(worker_id)
+        self.reserved: dict[str, int] = {}
+
+    def reservations(self) -> tuple[int, int]:
+        return sum(self.reserved.values()), len(self.reserved)
+
+    def end(self, rid: str) -> None:
+        self.reserved.pop(rid, None)
+        super().end(rid)
+
+
+def test_requests_beyond_the_cache_budget_wait_in_the_queue_until_reservations_come() -> None:
+    async def scenario() -> None:
+        w = Reporting("w0")
+        d = make(w, slots=8)
+        assert isinstance(d.placement, SlotPlacement)
+        d.placement.learn({"slots": 8, "max_cached_tokens": 1000, "max_model_len": 400})
+        for i in range(5):
+            d.submit(BatchItem(f"r{i}", {}, []))
+        await until(lambda: len(w.running) == 2)  # 2 x 400 (unreported) of 1000
+        assert d.queue.live_count() == 3 and w.state is WorkerState.READY
+        w.reserved.update(r0=50, r1=50)  # the engine says what they take
+        d.schedule()  # (WorkerProcess.on_reservations)
+        await until(lambda: len(w.running) == 4)  # 1000 - 100 = 900: two more unreported
+        assert d.queue.live_count() == 1
+        w.end("r0")  # an end frees its reservation too: 1000 - 50 - 800 = 150, still short
+        await until(lambda: "r0" not in w.running)
+        # The release schedules a dispatch with call_soon: a few loop ticks later it has run.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not d._dispatch_pending and d.queue.live_count() == 1
+        w.reserved.update(r2=50, r3=50)
+        d.schedule()
+        await until(lambda: "r4" in w.running)
+        for rid in list(w.running):
+            w.end(rid)
+        await until(lambda: d.in_flight == 0)
 
     asyncio.run(scenario())

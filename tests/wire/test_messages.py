@@ -15,7 +15,9 @@ from serve.core.pool import WorkerSlot
 from serve.wire.errors import BadRequest, InsufficientResources, ServeError
 from serve.wire.frames import Frame, MsgType, ProtocolError, encode_bytes, frames_from
 from serve.wire.messages import (
+    ENGINE_STATS,
     BatchResult,
+    EngineReport,
     ErrorItem,
     Loaded,
     LoadFailed,
@@ -23,10 +25,12 @@ from serve.wire.messages import (
     PredictItem,
     ResultItem,
     WorkerSpec,
+    decode_engine_report,
     decode_load,
     decode_partial,
     decode_predict,
     decode_result,
+    encode_engine_report,
     encode_load,
     encode_partial,
     encode_predict,
@@ -282,3 +286,20 @@ def test_the_frontends_spec_names_its_version(tmp_path: Path) -> None:
     assert spec.server_version == __version__
     assert (spec.model_name, spec.batch_size, spec.model_dir) == ("m", 3, str(tmp_path))
     assert WorkerSpec.decode(spec.encode()) == spec
+
+
+def test_an_engine_report_crosses_the_wire() -> None:
+    stats = dict(zip(ENGINE_STATS, (1, 0, 2, 300, 260, 9), strict=True))
+    report = EngineReport(stats, {7: 120, 8: 180})
+    (frame,) = frames_from([encode_bytes(encode_engine_report(report))])
+    assert frame.type == MsgType.ENGINE and decode_engine_report(frame) == report
+    assert decode_engine_report(encode_engine_report(EngineReport(stats))).reserved == {}
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{}, {"stats": []}, {"stats": {"running": "x"}}, {"stats": {}, "reserved": [[1]]}],
+)
+def test_a_malformed_engine_report_is_a_protocol_error(meta: dict) -> None:
+    with pytest.raises(ProtocolError, match="ENGINE"):
+        decode_engine_report(Frame(MsgType.ENGINE, 0, meta))

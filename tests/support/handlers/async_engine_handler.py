@@ -22,14 +22,25 @@ class AsyncEngineHandler:
 
     def __init__(self) -> None:
         self.running: set[str] = set()  # the engine's requests in flight
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one initialize ran on
         self.most = 0
         self.gate: asyncio.Event | None = None
         self.initialized = False
 
-    def initialize(self, context: Any) -> None:
+    async def initialize(self, context: Any) -> None:
+        """A coroutine, as VLLMHandler's: its engine is made on the loop ``handle`` runs on."""
+        await asyncio.sleep(0)
+        self.setup(context)
+        self.loop = asyncio.get_running_loop()
+
+    def setup(self, context: Any) -> None:
         self.initialized = True
 
     async def handle(self, data: list, context: Any) -> list:
+        if not self.initialized:
+            raise RuntimeError("initialize was never awaited")
+        if self.loop is not None and asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("handle runs on another event loop than initialize did")
         if self.gate is None:  # made on the worker's event loop, as vLLM's engine is
             self.gate = asyncio.Event()
         body = data[0].get("body") or data[0].get("data")
