@@ -159,14 +159,18 @@ def status(path: Path) -> None:
         click.echo(line)
     mgmt = addresses["management"]
     models = get_json(f"{mgmt}/models?limit=1000", token, context).get("models", [])
-    rows = [("MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH", "RSS")]
+    rows = [
+        (
+            "MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH",
+            "RSS", "PSS", "USS",
+        )
+    ]  # fmt: skip
     for entry in models:
         name = entry["modelName"]
         default = get_json(f"{mgmt}/models/{name}", token, context)[0]["modelVersion"]
         for d in get_json(f"{mgmt}/models/{name}/all", token, context):
             workers = d["workers"]
             ready = sum(1 for w in workers if w["status"] == "READY")
-            rss = sum(int(w.get("memoryUsage") or 0) for w in workers)
             rows.append(
                 (
                     name,
@@ -177,12 +181,26 @@ def status(path: Path) -> None:
                     str(d["batchSize"]),
                     str(d["jobQueueStatus"]["pendingRequests"]),
                     model_health(len(workers), ready),
-                    f"{rss / 2**20:.0f}MiB",
+                    *memory_cells(workers),
                 )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def memory_cells(workers: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """The workers' RSS, PSS and USS summed, in MiB; "-" for a measure some worker lacks (an
+    older server, or no smaps_rollup). Summed RSS counts shared library pages once per worker;
+    summed PSS is what they hold together; summed USS what stopping them all frees at least."""
+    cells = []
+    for field in ("memoryUsage", "memoryPss", "memoryUss"):
+        values = [w.get(field) for w in workers]
+        if any(v is None for v in values):
+            cells.append("-")
+        else:
+            cells.append(f"{sum(int(v) for v in values) / 2**20:.0f}MiB")
+    return cells[0], cells[1], cells[2]
 
 
 def model_health(workers: int, ready: int) -> str:

@@ -108,6 +108,10 @@ class SparePool:
                 break
         return spare
 
+    def ready_pids(self) -> list[int]:
+        """The pids of the spares ready and idle now (their memory is reported: metrics)."""
+        return [p.pid for p in self._ready if p.returncode is None]
+
     def learn(self, modules: list[str]) -> None:
         """Frameworks a loaded worker imported: spares preload them from now on, and ready ones
         that lack one are replaced."""
