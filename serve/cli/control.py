@@ -196,10 +196,11 @@ def memory_cells(workers: list[dict[str, Any]]) -> tuple[str, str, str]:
     cells = []
     for field in ("memoryUsage", "memoryPss", "memoryUss"):
         values = [w.get(field) for w in workers]
-        if any(v is None for v in values):
+        known = [int(v) for v in values if v is not None]
+        if len(known) < len(values):
             cells.append("-")
         else:
-            cells.append(f"{sum(int(v) for v in values) / 2**20:.0f}MiB")
+            cells.append(f"{sum(known) / 2**20:.0f}MiB")
     return cells[0], cells[1], cells[2]
 
 

@@ -5,6 +5,7 @@ report this test process's pid: describe's ``memoryPss``/``memoryUss`` beside To
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +20,7 @@ TORCHSERVE_WORKER_FIELDS = {
 }  # fmt: skip
 
 
-def serve(tmp_path: Path, test: object) -> None:
+def serve(tmp_path: Path, test: Callable[[Lantern], Awaitable[None]]) -> None:
     store = tmp_path / "store"
     store.mkdir()
     echo_archive(store, config={"minWorkers": 2, "maxWorkers": 2})
@@ -28,7 +29,7 @@ def serve(tmp_path: Path, test: object) -> None:
     async def body() -> None:
         config = test_config(tmp_path, store, load_models=["echo.mar"])
         async with in_process(config, workers) as lantern:
-            await test(lantern)  # type: ignore[operator]
+            await test(lantern)
 
     run(body)
 
@@ -63,7 +64,7 @@ def test_describe_adds_pss_and_uss_beside_torchserve_fields(tmp_path: Path) -> N
 def test_metrics_report_pss_and_uss_per_worker_and_the_frontend(tmp_path: Path) -> None:
     async def test(lantern: Lantern) -> None:
         families = await _metrics(lantern)
-        by_kind = {}
+        by_kind: dict[str, float] = {}
         for name in ("resident", "proportional", "unique"):
             samples = families[f"serve_worker_{name}_memory_bytes"]
             assert {s[0]["worker"] for s in samples} == {"echo_1.0-w0", "echo_1.0-w1"}, samples

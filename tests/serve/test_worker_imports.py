@@ -6,7 +6,6 @@ TorchScript model behind ``base_handler`` maps no torchvision, and says it impor
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import torch
