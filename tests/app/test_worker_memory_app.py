@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.cli.control import memory_cells
 from tests.support.fake_workers import Behaviour, FakeWorkers, echo, loads_as_this_process
-from tests.support.inprocess import Lantern, in_process, run, test_config
+from tests.support.inprocess import Lantern, in_process, run, test_config, until
 from tests.support.server import echo_archive
 
 TORCHSERVE_WORKER_FIELDS = {
@@ -94,3 +94,21 @@ def test_status_cells_say_dash_for_a_measure_some_worker_lacks() -> None:
     unreadable = {**full, "memoryPss": None, "memoryUss": None}  # no smaps_rollup
     assert memory_cells([unreadable]) == ("30MiB", "-", "-")
     assert memory_cells([]) == ("0MiB", "0MiB", "0MiB")
+
+
+def test_metrics_report_an_idle_spare(tmp_path: Path) -> None:
+    """A real spare (the registry's own pool; nothing learnt yet, so a bare interpreter that
+    imports no framework) is counted once ready."""
+
+    async def test(lantern: Lantern) -> None:
+        spares = lantern.server.registry.spares
+        spares.refill()
+        await until(lambda: bool(spares.ready_pids()), 60)
+        families = await _metrics(lantern)
+        assert families["serve_spares_ready"] == [({}, 1.0)]
+        spare = {labels["kind"]: value for labels, value in families["serve_spare_memory_bytes"]}
+        assert 0 < spare["uss"] <= spare["pss"] <= spare["rss"]
+        (pid,) = spares.ready_pids()
+        assert pid != os.getpid()
+
+    serve(tmp_path, test)
