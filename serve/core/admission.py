@@ -8,13 +8,13 @@ Lantern's own ``worker_memory_limit_mb``) leaves for new workers. The registry c
 it loads a model or adds workers and answers 507 (`InsufficientMemory`) instead of letting the
 kernel's OOM killer decide.
 
-Which measure, and why (docs/model-updates.md#memory-aware-admission): one more worker of a model adds
-its *unique* pages (USS: ``Private_Clean`` + ``Private_Dirty``), because torch's libraries are
-already resident for the workers (and spares) that map them; RSS counts those pages again in
-every worker (~500 MiB with PyPI's CUDA build) and would refuse workers that fit. What the
-workers hold together is the sum of their PSS (each shared page split among the processes that
-map it, so counted once). A lone worker's library pages are private to it, so its USS is close to
-its RSS: the first measurement is conservative, as it should be.
+Which measure, and why (docs/model-updates.md#memory-aware-admission): one more worker of a
+model adds its *unique* pages (USS: ``Private_Clean`` + ``Private_Dirty``), because the shared
+library pages torch maps are already resident for the workers (and spares) that map them; RSS
+counts those pages again in every worker and would refuse workers that fit. What the workers
+hold together is the sum of their PSS (each shared page split among the processes that map it,
+so counted once). A lone worker's library pages are private to it, so its USS is close to its
+RSS: the first measurement errs high, the safe side.
 """
 
 from __future__ import annotations
