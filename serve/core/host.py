@@ -115,3 +115,24 @@ def process_rss(pid: int | None) -> int | None:
             return int(fh.read().split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (a frontend's workers and spares); none without
+    ``/proc``."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+            if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
+                found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.cli.control import memory_cells
+from serve.cli.control import memory_cells, memory_line
+from serve.core.host import ProcessMemory
 from tests.support.fake_workers import Behaviour, FakeWorkers, echo, loads_as_this_process
 from tests.support.inprocess import Lantern, in_process, run, test_config, until
 from tests.support.server import echo_archive
@@ -112,3 +113,13 @@ def test_metrics_report_an_idle_spare(tmp_path: Path) -> None:
         assert pid != os.getpid()
 
     serve(tmp_path, test)
+
+
+def test_status_lines_for_the_frontend_and_the_spares() -> None:
+    mib = 1 << 20
+    full = ProcessMemory(50 * mib, 40 * mib, 30 * mib)
+    assert memory_line("frontend", [full]) == "frontend  RSS 50MiB  PSS 40MiB  USS 30MiB"
+    two = memory_line("spares (2 idle)", [full, full])
+    assert two == "spares (2 idle)  RSS 100MiB  PSS 80MiB  USS 60MiB"
+    assert memory_line("frontend", [ProcessMemory(50 * mib)]) == "frontend  RSS 50MiB  PSS -  USS -"
+    assert memory_line("spares (0 idle)", []) == "spares (0 idle)  RSS 0MiB  PSS 0MiB  USS 0MiB"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,14 @@ def test_without_smaps_rollup_it_reads_rss_alone(monkeypatch: pytest.MonkeyPatch
     assert memory is not None and memory.rss > 0
     assert memory.pss is None and memory.uss is None
     assert host.process_unique(os.getpid()) == memory.rss
+
+
+def test_child_pids_lists_this_process_children() -> None:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert child.pid in host.child_pids(os.getpid())
+        assert os.getpid() not in host.child_pids(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in host.child_pids(os.getpid())
