@@ -9,6 +9,9 @@ registered is bounded by ``tests/e2e/test_frontend_memory.py``.) RSS counts shar
 ``--torchserve PATH`` (the ``torchserve`` launcher of a TorchServe 0.12 install, which needs Java
 17) then serves the same archives from TorchServe, one worker each, on free ports, and reads the
 JVM's RSS and its workers' the same way.
+
+``--scaling`` (`bench.memory_scaling`) measures RSS, PSS and USS of N = 1, 2, 4 workers of one
+model at a time, and of the idle warm spare, on both servers.
 """
 
 from __future__ import annotations
@@ -142,7 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-memory"))
     parser.add_argument("--torchserve", type=Path, help="a TorchServe 0.12 launcher to compare")
     parser.add_argument("--skip-build", action="store_true", help="reuse the built archives")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="RSS/PSS/USS of N = 1, 2, 4 workers of the tiny and an image model, and the spare",
+    )
     args = parser.parse_args(argv)
+    if args.scaling:
+        from bench.memory_scaling import run
+
+        return run(args.work, args.torchserve)
     store = args.work / "store"
     store.mkdir(parents=True, exist_ok=True)
     for script in [] if args.skip_build else sorted((REPO / "examples").glob("*/build.py")):

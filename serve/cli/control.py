@@ -30,6 +30,7 @@ from serve.cli.startup_report import (
     report_lines,
 )
 from serve.config import Config
+from serve.core.host import ProcessMemory, child_pids, process_memory
 
 LOG_FILES = {
     "lantern": "lantern.log",
@@ -159,14 +160,20 @@ def status(path: Path) -> None:
         click.echo(line)
     mgmt = addresses["management"]
     models = get_json(f"{mgmt}/models?limit=1000", token, context).get("models", [])
-    rows = [("MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH", "RSS")]
+    rows = [
+        (
+            "MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH",
+            "RSS", "PSS", "USS",
+        )
+    ]  # fmt: skip
+    serving: set[int] = set()  # worker pids: a spare that became a worker keeps "--spare"
     for entry in models:
         name = entry["modelName"]
         default = get_json(f"{mgmt}/models/{name}", token, context)[0]["modelVersion"]
         for d in get_json(f"{mgmt}/models/{name}/all", token, context):
             workers = d["workers"]
+            serving.update(int(w.get("pid") or -1) for w in workers)
             ready = sum(1 for w in workers if w["status"] == "READY")
-            rss = sum(int(w.get("memoryUsage") or 0) for w in workers)
             rows.append(
                 (
                     name,
@@ -177,12 +184,56 @@ def status(path: Path) -> None:
                     str(d["batchSize"]),
                     str(d["jobQueueStatus"]["pendingRequests"]),
                     model_health(len(workers), ready),
-                    f"{rss / 2**20:.0f}MiB",
+                    *memory_cells(workers),
                 )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    own = process_memory(record.pid)  # read here: `serve status` runs on the server's machine
+    click.echo(memory_line("frontend", [own] if own is not None else []))
+    spares = [
+        process_memory(p) for p in child_pids(record.pid) if p not in serving and _is_spare(p)
+    ]
+    idle = [m for m in spares if m is not None]
+    click.echo(memory_line(f"spares ({len(idle)} idle)", idle))
+
+
+def _is_spare(pid: int) -> bool:
+    """Started as a warm spare (``python -m serve.worker --spare``); one that has become a
+    worker keeps that command line, so the caller leaves the workers out first."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"--spare" in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def memory_line(label: str, readings: list[ProcessMemory]) -> str:
+    """``label  RSS ..MiB  PSS ..MiB  USS ..MiB`` summed over ``readings``; "-" for a measure
+    some reading lacks."""
+    cells = []
+    for name in ("rss", "pss", "uss"):
+        values = [getattr(m, name) for m in readings]
+        known = [v for v in values if v is not None]
+        shown = f"{sum(known) / 2**20:.0f}MiB" if len(known) == len(values) else "-"
+        cells.append(f"{name.upper()} {shown}")
+    return f"{label}  " + "  ".join(cells)
+
+
+def memory_cells(workers: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """The workers' RSS, PSS and USS summed, in MiB; "-" for a measure some worker lacks (an
+    older server, or no smaps_rollup). Summed RSS counts shared library pages once per worker;
+    summed PSS is what they hold together; summed USS what stopping them all frees at least."""
+    cells = []
+    for field in ("memoryUsage", "memoryPss", "memoryUss"):
+        values = [w.get(field) for w in workers]
+        known = [int(v) for v in values if v is not None]
+        if len(known) < len(values):
+            cells.append("-")
+        else:
+            cells.append(f"{sum(known) / 2**20:.0f}MiB")
+    return cells[0], cells[1], cells[2]
 
 
 def model_health(workers: int, ready: int) -> str:

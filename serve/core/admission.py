@@ -1,11 +1,20 @@
 """Memory-aware admission: may N more workers of a model start, given what the host has free?
 
 `decide` is the pure rule; `per_worker_need` picks the best evidence of what one worker needs
-(a per-model setting, the measured RSS of a running worker of the model, or an estimate from the
-archive's size); `host_headroom` reads what the host (and its cgroup, and Lantern's own
-``worker_memory_limit_mb``) leaves for new workers. The registry calls them before it loads a
-model or adds workers and answers 507 (`InsufficientMemory`) instead of letting the kernel's OOM
-killer decide.
+(a per-model setting, the measured USS of a running worker of the model, or an estimate from the
+archive's size); `worker_charge` is what one running worker counts against
+``worker_memory_limit_mb`` (its PSS); `host_headroom` reads what the host (and its cgroup, and
+Lantern's own ``worker_memory_limit_mb``) leaves for new workers. The registry calls them before
+it loads a model or adds workers and answers 507 (`InsufficientMemory`) instead of letting the
+kernel's OOM killer decide.
+
+Which measure, and why (docs/model-updates.md#memory-aware-admission): one more worker of a
+model adds its *unique* pages (USS: ``Private_Clean`` + ``Private_Dirty``), because the shared
+library pages torch maps are already resident for the workers (and spares) that map them; RSS
+counts those pages again in every worker and would refuse workers that fit. What the workers
+hold together is the sum of their PSS (each shared page split among the processes that map it,
+so counted once). A lone worker's library pages are private to it, so its USS is close to its
+RSS: the first measurement errs high, the safe side.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve.core.host import read_meminfo
+from serve.core.host import ProcessMemory, read_meminfo
 
 MIB = 1 << 20
 # A Python worker with our worker loop and nothing else, before the handler imports anything.
@@ -46,13 +55,26 @@ class Decision:
 
 
 def per_worker_need(configured_mb: int | None, measured: Iterable[int], archive_bytes: int) -> Need:
-    """The configured figure wins; else the largest RSS of a running worker; else the estimate."""
+    """The configured figure wins; else the largest of ``measured`` (running workers' USS, or RSS
+    where unreadable); else the estimate."""
     if configured_mb:
         return Need(configured_mb * MIB, "configured")
     sizes = [m for m in measured if m > 0]
     if sizes:
         return Need(max(sizes), "measured")
     return Need(WORKER_BASE_BYTES + ARCHIVE_FACTOR * archive_bytes, "estimated")
+
+
+def worker_charge(memory: ProcessMemory | None, loaded: bool, retiring: bool, promised: int) -> int:
+    """Bytes one worker counts against the workers' total: a loaded worker its PSS (RSS where
+    PSS is unreadable); one still starting (or unreadable) at least what it was admitted with,
+    unless it is retiring; a retiring one only what it holds."""
+    held = memory.share_or_rss if memory is not None else 0
+    if held and loaded:
+        return held
+    if retiring:
+        return held
+    return max(held, promised)
 
 
 def decide(what: str, workers: int, need: Need, headroom: Headroom, reserve: int) -> Decision:
@@ -119,7 +141,8 @@ def host_headroom(
     workers_rss: int, limit_mb: int = 0, *, cgroup: Path = Path("/sys/fs/cgroup")
 ) -> Headroom:
     """The least of: the host's MemAvailable, the cgroup's limit less its usage, and
-    ``limit_mb`` (the most all workers together may use) less what ``workers_rss`` they use."""
+    ``limit_mb`` (the most all workers together may use) less what they use (``workers_rss``:
+    the sum of `worker_charge`, PSS-based)."""
     options: list[Headroom] = []
     available = read_meminfo().get("MemAvailable")
     if available is not None:

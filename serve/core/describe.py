@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from serve.core.host import process_rss
+from serve.core.host import process_memory
 from serve.core.jobs import WorkerState
 from serve.core.model import ModelVersion
 from serve.core.pool import WorkerInfo
@@ -54,11 +54,16 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
 
 def _describe_worker(info: WorkerInfo) -> dict[str, Any]:
     pid = info.pid
+    memory = process_memory(pid)
     data: dict[str, Any] = {
         "id": info.worker_id,
         "startTime": _iso(info.started_at if info.started_at is not None else time.time()),
         "status": _worker_status(info),
-        "memoryUsage": process_rss(pid) or 0,
+        "memoryUsage": memory.rss if memory else 0,  # TorchServe's field: RSS in bytes
+        # Lantern's: PSS (its share of pages it maps with others) and USS (pages only it maps:
+        # what its exit frees), bytes; null where /proc/PID/smaps_rollup cannot be read.
+        "memoryPss": memory.pss if memory else None,
+        "memoryUss": memory.uss if memory else None,
         "pid": pid or -1,
         "gpu": info.gpu_id is not None,
         "gpuUsage": "N/A",

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from serve.config import ModelSettings
 from serve.core.dispatcher import Worker
-from serve.core.host import process_rss
+from serve.core.host import process_unique
 from serve.core.jobs import LIVE_STATES, WorkerState
 from serve.worker.process import WorkerStartFailed
 
@@ -188,15 +188,17 @@ class WorkerPool:
         proc = slot.process
         if not cap_mb or proc is None:
             return
-        rss = process_rss(proc.pid)
-        if rss is None or rss <= cap_mb * 1024 * 1024:
+        # Its USS (what replacing it frees; RSS where unreadable): torch's shared library pages
+        # are not the worker's to give back (docs/configuration.md, worker_max_rss_mb).
+        unique = process_unique(proc.pid)
+        if unique is None or unique <= cap_mb * 1024 * 1024:
             return
         logger.warning(
-            "Worker %s (pid %s) uses %d MiB, over its cap of %d MiB (worker_max_rss_mb); "
-            "recycling it",
+            "Worker %s (pid %s) uses %d MiB of its own (USS), over its cap of %d MiB "
+            "(worker_max_rss_mb); recycling it",
             slot.worker_id,
             proc.pid,
-            rss // (1024 * 1024),
+            unique // (1024 * 1024),
             cap_mb,
         )
         # STOPPING at once, before the dispatcher looks again: it gets no further batch.

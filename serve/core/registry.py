@@ -22,7 +22,7 @@ from archiver import ArchiveError, open_archive
 from serve.config import Config, ModelSettings
 from serve.core import admission
 from serve.core.devices import visible_gpus
-from serve.core.host import process_rss
+from serve.core.host import process_memory, process_unique
 from serve.core.jobs import LIVE_STATES, WorkerState
 from serve.core.model import ModelSource, ModelVersion, WorkerFactory, spawn_worker
 from serve.core.model_deps import install_requirements, requirements_file
@@ -272,7 +272,7 @@ class Registry:
             _cleanup(source)
             raise Conflict(f"Model version {version} is already registered for model {name}")
         started = time.monotonic()
-        # One worker first when nothing is known of the model's size: its RSS, measured once it
+        # One worker first when nothing is known of the model's size: its USS, measured once it
         # is loaded, then decides the others (with `synchronous` only: else the estimate does).
         first = workers
         try:
@@ -381,12 +381,13 @@ class Registry:
         return admission.per_worker_need(None, (), size)
 
     def _measured(self, name: str, settings: ModelSettings) -> admission.Need:
-        """The configured figure, or the largest RSS of any running worker of model ``name``."""
+        """The configured figure, or the largest USS (what one more worker adds; RSS where it
+        cannot be read) of any running worker of model ``name``."""
         entry = self.models.get(name)
-        rss = []
+        unique = []
         for mv in entry.versions.values() if entry else ():
-            rss += [r for r in map(process_rss, worker_pids(mv)) if r]
-        return admission.per_worker_need(settings.memory_per_worker_mb, rss, 0)
+            unique += [u for u in map(process_unique, worker_pids(mv)) if u]
+        return admission.per_worker_need(settings.memory_per_worker_mb, unique, 0)
 
     async def _admit(
         self,
@@ -476,22 +477,19 @@ class Registry:
         return promise
 
     def _committed(self) -> int:
-        """Bytes the workers use or were promised: a loaded worker counts its RSS; one still
-        starting (or one whose RSS cannot be read) at least what it was admitted with; workers
-        admitted whose slots do not exist yet, what they were admitted with."""
+        """Bytes the workers use or were promised: each worker's `admission.worker_charge` (a
+        loaded one its PSS); workers admitted whose slots do not exist yet, what they were
+        admitted with."""
         total = 0
         for mv in self.all_versions():
             promised = self._per_worker.get((mv.name, mv.version), 0)
             for w in mv.workers():
                 if w.state == WorkerState.DEAD:
                     continue
-                rss = process_rss(w.pid) if w.pid else None
-                if rss and w.state in LIVE_STATES:
-                    total += rss
-                elif not w.retiring:
-                    total += max(rss or 0, promised)
-                else:
-                    total += rss or 0
+                memory = process_memory(w.pid) if w.pid else None
+                total += admission.worker_charge(
+                    memory, w.state in LIVE_STATES, w.retiring, promised
+                )
         for promise in self._promises:
             model = self._version(promise.key)
             started = active_workers(model) if model else 0

@@ -1,18 +1,20 @@
 """Collectors that read the `Registry` when scraped, so that nothing is counted on the request path.
 
-`ServingCollector`: queue depth, requests in flight, workers by state and their RSS.
+`ServingCollector`: queue depth, requests in flight, workers by state and their memory (RSS, PSS,
+USS), the idle warm spares' and the frontend's.
 `UpdateCollector`: load failures, load and warm-up times, and default-version swaps
 (docs/model-updates.md).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from serve.core.host import process_rss
+from serve.core.host import ProcessMemory, process_memory
 from serve.core.jobs import WorkerState
 
 if TYPE_CHECKING:
@@ -33,7 +35,8 @@ class _RegistryCollector:
 
 
 class ServingCollector(_RegistryCollector):
-    """Queue depth, requests in flight, workers by state and worker RSS, per model version."""
+    """Queue depth, requests in flight, workers by state and worker memory, per model version;
+    the memory of the idle spares and of the frontend."""
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -48,6 +51,17 @@ class ServingCollector(_RegistryCollector):
         rss = GaugeMetricFamily(
             "serve_worker_resident_memory_bytes",
             "Resident memory of each worker process.",
+            labels=[*_MODEL, "worker"],
+        )
+        pss = GaugeMetricFamily(
+            "serve_worker_proportional_memory_bytes",
+            "PSS of each worker process: its share of the pages it maps, shared pages split "
+            "among the processes that map them (the workers' sum is what they hold together).",
+            labels=[*_MODEL, "worker"],
+        )
+        uss = GaugeMetricFamily(
+            "serve_worker_unique_memory_bytes",
+            "USS of each worker process: the pages only it maps, what its exit frees.",
             labels=[*_MODEL, "worker"],
         )
         # Models whose workers run many requests at once (a generative engine, asyncCommunication):
@@ -102,16 +116,50 @@ class ServingCollector(_RegistryCollector):
                     engine_running.add_metric(labels, active)
                     engine_waiting.add_metric(labels, engine.get("waiting", 0))
                 if info.pid is not None and state is not WorkerState.DEAD:
-                    value = process_rss(info.pid)
-                    if value is not None:
-                        rss.add_metric([*key, info.worker_id], value)
+                    memory = process_memory(info.pid)
+                    if memory is not None:
+                        labels = [*key, info.worker_id]
+                        rss.add_metric(labels, memory.rss)
+                        if memory.pss is not None:
+                            pss.add_metric(labels, memory.pss)
+                        if memory.uss is not None:
+                            uss.add_metric(labels, memory.uss)
             for state_name, count in counts.items():
                 workers.add_metric([*key, state_name], count)
-        yield from (depth, in_flight, workers, rss)
+        yield from (depth, in_flight, workers, rss, pss, uss)
+        yield from self._process_memory()
         if running.samples:
             yield from (running, waiting)
         if engine_running.samples:
             yield from (kv_usage, engine_running, engine_waiting)
+
+    def _process_memory(self) -> Iterator[Metric]:
+        spares = [process_memory(pid) for pid in self.serving.spares.ready_pids()]
+        spare = GaugeMetricFamily(
+            "serve_spare_memory_bytes",
+            "Memory of the idle warm spares together, by kind (rss, pss, uss).",
+            labels=["kind"],
+        )
+        _add_kinds(spare, [m for m in spares if m is not None])
+        frontend = GaugeMetricFamily(
+            "serve_frontend_memory_bytes",
+            "Memory of the frontend process, by kind (rss, pss, uss).",
+            labels=["kind"],
+        )
+        own = process_memory(os.getpid())
+        _add_kinds(frontend, [own] if own is not None else [])
+        ready = GaugeMetricFamily("serve_spares_ready", "Warm spare interpreters ready now.")
+        ready.add_metric([], len(spares))
+        yield from (spare, frontend, ready)
+
+
+def _add_kinds(family: GaugeMetricFamily, readings: list[ProcessMemory]) -> None:
+    """The sum of each kind over ``readings``; PSS and USS only where every reading has them."""
+    family.add_metric(["rss"], sum(m.rss for m in readings))
+    for kind in ("pss", "uss"):
+        values = [getattr(m, kind) for m in readings]
+        if all(v is not None for v in values):
+            family.add_metric([kind], sum(values))
 
 
 class UpdateCollector(_RegistryCollector):

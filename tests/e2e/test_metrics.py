@@ -112,6 +112,10 @@ def test_worker_gauges(server: LanternServer) -> None:
     assert value(families, "serve_workers", state="DEAD", **MV) == 0
     rss = value(families, "serve_worker_resident_memory_bytes", worker="obs_1.0-w0", **MV)
     assert rss > 10 * 2**20  # a Python process with torch imported
+    pss = value(families, "serve_worker_proportional_memory_bytes", worker="obs_1.0-w0", **MV)
+    uss = value(families, "serve_worker_unique_memory_bytes", worker="obs_1.0-w0", **MV)
+    assert 0 < uss <= pss <= rss  # smaps_rollup, read at scrape time
+    assert value(families, "serve_frontend_memory_bytes", kind="uss") > 0
     assert value(families, "serve_host_memory_total_bytes") > 0
     assert 0 <= value(families, "serve_host_cpu_utilization_percent") <= 100
     assert value(families, "process_resident_memory_bytes") > 0  # the frontend itself

@@ -349,9 +349,14 @@ def test_status_and_logs(folder: Folder) -> None:
     assert lines[1].split() == ["inference", info["addresses"]["inference"]]
     header = next(line.split() for line in lines if line.startswith("MODEL"))
     row = next(line.split() for line in lines if line.startswith("echo"))
-    assert header[-2:] == ["HEALTH", "RSS"]
+    assert header[-4:] == ["HEALTH", "RSS", "PSS", "USS"]
     assert row[:8] == ["echo", "1.0", "*", "2", "2", "1", "0", "healthy"]
-    assert re.fullmatch(r"[1-9]\d*MiB", row[8]), row
+    for cell in row[8:11]:  # the workers' RSS, PSS and USS (real processes: all readable)
+        assert re.fullmatch(r"[1-9]\d*MiB", cell), row
+    (front,) = [line for line in lines if line.startswith("frontend  ")]
+    assert re.fullmatch(r"frontend  RSS [1-9]\d*MiB  PSS [1-9]\d*MiB  USS [1-9]\d*MiB", front)
+    (spares,) = [line for line in lines if line.startswith("spares (")]
+    assert re.fullmatch(r"spares \(\d+ idle\)  RSS \d+MiB  PSS \d+MiB  USS \d+MiB", spares)
 
     listed = serve("logs", "--pid-file", str(folder.record), "--list", cwd=folder.root)
     logs = folder.root / "logs"

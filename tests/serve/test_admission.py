@@ -20,7 +20,9 @@ from serve.core.admission import (
     per_worker_need,
     tree_size,
     visible_free,
+    worker_charge,
 )
+from serve.core.host import ProcessMemory
 from serve.core.registry import Registry
 from serve.metrics.prometheus import ServerMetrics
 from serve.metrics.system import GpuSample, SystemMetrics
@@ -40,6 +42,39 @@ def test_per_worker_need(
     configured: int | None, measured: list[int], archive: int, need: Need
 ) -> None:
     assert per_worker_need(configured, measured, archive) == need
+
+
+SHARED = ProcessMemory(rss=700 * MIB, pss=300 * MIB, uss=120 * MIB)  # torch's pages shared
+NO_ROLLUP = ProcessMemory(rss=700 * MIB)  # smaps_rollup unreadable: RSS stands for both
+
+
+@pytest.mark.parametrize(
+    ("memory", "loaded", "retiring", "promised", "charge"),
+    [
+        (SHARED, True, False, 500 * MIB, 300 * MIB),  # loaded: its PSS, not its RSS
+        (NO_ROLLUP, True, False, 500 * MIB, 700 * MIB),  # loaded, PSS unknown: RSS
+        (SHARED, False, False, 500 * MIB, 500 * MIB),  # starting: at least its promise
+        (SHARED, False, False, 100 * MIB, 300 * MIB),  # starting past its promise: PSS
+        (None, False, False, 500 * MIB, 500 * MIB),  # no process yet (or gone)
+        (None, True, False, 500 * MIB, 500 * MIB),  # loaded but unreadable: the promise
+        (SHARED, False, True, 500 * MIB, 300 * MIB),  # retiring: only what it holds
+        (None, False, True, 500 * MIB, 0),
+    ],
+)
+def test_worker_charge(
+    memory: ProcessMemory | None, loaded: bool, retiring: bool, promised: int, charge: int
+) -> None:
+    assert worker_charge(memory, loaded, retiring, promised) == charge
+
+
+def test_the_need_measured_is_what_one_more_worker_adds() -> None:
+    """Two workers sharing torch: the next one is admitted on USS (120 MiB), where RSS (700
+    MiB) would refuse it; their PSS (300 MiB each) is what they hold against the limit."""
+    room = Headroom(1000 * MIB - 2 * worker_charge(SHARED, True, False, 0), "limit")
+    by_uss = per_worker_need(None, [SHARED.unique_or_rss] * 2, 0)
+    assert by_uss == Need(120 * MIB, "measured")
+    assert decide("m", 1, by_uss, room, 0).admitted
+    assert not decide("m", 1, per_worker_need(None, [SHARED.rss], 0), room, 0).admitted
 
 
 ROOM = Headroom(1000 * MIB, "worker_memory_limit_mb")

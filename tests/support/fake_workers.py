@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ Load = Callable[["FakeWorker"], Awaitable[None]]
 
 async def loads(worker: FakeWorker) -> None:
     """Loading takes no time."""
+
+
+async def loads_as_this_process(worker: FakeWorker) -> None:
+    """Loading takes no time, and the worker reports this test process's pid: describe, the
+    metrics and admission then read a real process's memory (``/proc/PID/smaps_rollup``)."""
+    worker.pid = os.getpid()
 
 
 @dataclass(frozen=True)
