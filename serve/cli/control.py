@@ -160,6 +160,7 @@ def status(path: Path) -> None:
     mgmt = addresses["management"]
     models = get_json(f"{mgmt}/models?limit=1000", token, context).get("models", [])
     rows = [("MODEL", "VERSION", "DEFAULT", "WORKERS", "READY", "BATCH", "QUEUED", "HEALTH", "RSS")]
+    engines: list[str] = []
     for entry in models:
         name = entry["modelName"]
         default = get_json(f"{mgmt}/models/{name}", token, context)[0]["modelVersion"]
@@ -180,9 +181,26 @@ def status(path: Path) -> None:
                     f"{rss / 2**20:.0f}MiB",
                 )
             )
+            engines.extend(engine_line(name, d))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in engines:
+        click.echo(line)
+
+
+def engine_line(name: str, described: dict[str, Any]) -> list[str]:
+    """One line for a version whose workers run many requests at once (describe's ``limits``):
+    its kind (a generative engine, or ``asyncCommunication``), the first worker's limits, and the
+    requests running over all its workers; nothing for a one-batch-at-a-time model."""
+    workers = [w for w in described.get("workers", []) if w.get("limits")]
+    if not workers:
+        return []
+    limits = dict(workers[0]["limits"])
+    kind = "generative" if "max_running_sequences" in limits else "concurrent"
+    shown = ", ".join(f"{key} {value}" for key, value in limits.items())
+    running = sum(int(w.get("runningRequests") or 0) for w in workers)
+    return [f"  {name} {described['modelVersion']}: {kind}; {shown}; running {running}"]
 
 
 def model_health(workers: int, ready: int) -> str:
