@@ -9,10 +9,11 @@ vLLM's ``ignore_eos`` + ``min_tokens``, llama-cpp-python's ``min_tokens``, ``tra
 serve``'s ``generation_config``); the tokens actually returned are counted either way. Per
 concurrency level it reports output tokens/s, requests/s, time to first token and inter-token
 latency (p50/p99, from the SSE chunks' arrival times), errors, and with ``--pid`` the CPU
-seconds of the server's process tree per generated token; ``--json`` writes them. The same client drives every
-server, so their figures compare. ``--floor MODEL_DIR`` measures one ``generate`` call per
-request, one at a time, in-process on an unpacked archive's model; ``--raw MODEL_DIR`` the batched decode step
-(bench/llm_raw.py). ``python -m bench.llm_compare`` runs every server and prints the table.
+seconds of the server's process tree per generated token; ``--json`` writes them. The same
+client drives every server, so their figures compare. ``--floor MODEL_DIR`` measures one
+``generate`` call per request, one at a time, in-process on an unpacked archive's model;
+``--raw MODEL_DIR`` the batched decode step (bench/llm_raw.py). ``python -m bench.llm_compare``
+runs every server and prints the table.
 """
 
 from __future__ import annotations

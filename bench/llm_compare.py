@@ -1,6 +1,6 @@
 """Every server on the same model, one after another in one run, and one table with ratios.
 
-    python -m bench.llm_compare --store /work/peers/store --llamacpp-python /work/peers/llamacpp/bin/python
+    python -m bench.llm_compare --store STORE --llamacpp-python VENV/bin/python
 
 Lantern (``serve start --foreground`` on ``STORE/smollm2.mar``), ``transformers serve
 --continuous-batching`` on the archive's unpacked folder, llama-cpp-python's ``llama_cpp.server``
@@ -54,7 +54,9 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes] | None, timeo
     raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
-def drive(args: argparse.Namespace, url: str, model: str, pid: int, length: str, out: Path) -> list[Any]:
+def drive(
+    args: argparse.Namespace, url: str, model: str, pid: int, length: str, out: Path
+) -> list[Any]:
     cmd = [
         sys.executable, "-m", "bench.llm", "--url", url, "--model", model,
         "--concurrency", args.concurrency, "--requests", str(args.requests),

@@ -32,7 +32,9 @@ def decode_steps(model: Any, prompt_ids: Any, batch: int, steps: int) -> list[fl
     return times
 
 
-def raw(model_dir: str, batches: list[int], steps: int, threads: int, prompt: str) -> dict[str, Any]:
+def raw(
+    model_dir: str, batches: list[int], steps: int, threads: int, prompt: str
+) -> dict[str, Any]:
     """Per batch size: the decode step's p50 and tokens/s (``batch / p50``)."""
     import torch
 
@@ -47,6 +49,11 @@ def raw(model_dir: str, batches: list[int], steps: int, threads: int, prompt: st
         times = decode_steps(model, prompt_ids, batch, steps)
         p50 = statistics.median(times)
         levels.append(
-            {"batch": batch, "step_p50_s": p50, "step_min_s": min(times), "tokens_per_s": batch / p50}
+            {
+                "batch": batch,
+                "step_p50_s": p50,
+                "step_min_s": min(times),
+                "tokens_per_s": batch / p50,
+            }
         )
     return {"raw": True, "threads": threads, "steps": steps, "levels": levels}

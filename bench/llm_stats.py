@@ -65,9 +65,7 @@ def summarise(
         "itl_p50_s": percentile(gaps, 0.5),
         "itl_p99_s": percentile(gaps, 0.99),
         "cpu_s": cpu_seconds,
-        "cpu_per_token_ms": None
-        if (c := cpu_per_token(cpu_seconds, tokens)) is None
-        else c * 1000,
+        "cpu_per_token_ms": None if (c := cpu_per_token(cpu_seconds, tokens)) is None else c * 1000,
     }
 
 
@@ -117,8 +115,13 @@ def table(
     for name in servers:
         if name == baseline:
             continue
-        tps = [_ratio(_get(base, c, "output_tokens_per_s"), _get(by[name], c, "output_tokens_per_s")) for c in levels]
-        ttft = [_ratio(_get(base, c, "ttft_p99_s"), _get(by[name], c, "ttft_p99_s")) for c in levels]
+        tps = [
+            _ratio(_get(base, c, "output_tokens_per_s"), _get(by[name], c, "output_tokens_per_s"))
+            for c in levels
+        ]
+        ttft = [
+            _ratio(_get(base, c, "ttft_p99_s"), _get(by[name], c, "ttft_p99_s")) for c in levels
+        ]
         lines.append(f"| tok/s vs {name} | " + " | ".join(tps) + " |")
         lines.append(f"| TTFT p99 vs {name} | " + " | ".join(ttft) + " |")
     if raw:
