@@ -43,9 +43,9 @@ def raw(
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_dir, {}, torch.device("cpu"))
     prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
-    decode_steps(model, prompt_ids, 1, 4)  # warm the kernels
     levels = []
     for batch in batches:
+        decode_steps(model, prompt_ids, batch, 4)  # warm the kernels at this shape
         times = decode_steps(model, prompt_ids, batch, steps)
         p50 = statistics.median(times)
         levels.append(
