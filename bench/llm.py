@@ -4,12 +4,16 @@
         --concurrency 1,4,16 --requests 16 --max-tokens 32
 
 Each request streams ``POST /completions`` with a prompt from a fixed set, ``temperature: 0``,
-``max_tokens`` and ``ignore_eos`` (vLLM's field, so every answer has the same length; servers
-that do not know it get ``--no-ignore-eos``). Per concurrency level it reports output tokens/s,
-requests/s, time to first token and inter-token latency (p50/p99, from the SSE chunks' arrival
-times), and errors; ``--json`` writes them for docs/performance.md. The same client drives every
-server, so their figures compare. ``--floor MODEL_DIR`` measures one ``generate`` call per
-request, one at a time, in-process on an unpacked archive's model.
+``max_tokens`` and the fields that fix the output length in the server's dialect (``--length``:
+vLLM's ``ignore_eos`` + ``min_tokens``, llama-cpp-python's ``min_tokens``, ``transformers
+serve``'s ``generation_config``); the tokens actually returned are counted either way. Per
+concurrency level it reports output tokens/s, requests/s, time to first token and inter-token
+latency (p50/p99, from the SSE chunks' arrival times), errors, and with ``--pid`` the CPU
+seconds of the server's process tree per generated token; ``--json`` writes them. The same
+client drives every server, so their figures compare. ``--floor MODEL_DIR`` measures one
+``generate`` call per request, one at a time, in-process on an unpacked archive's model;
+``--raw MODEL_DIR`` the batched decode step (bench/llm_raw.py). ``python -m bench.llm_compare``
+runs every server and prints the table.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
+import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from bench import procstat
+from bench.llm_stats import Sample, percentile, summarise
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -36,21 +42,6 @@ PROMPTS = [
 ]
 
 
-@dataclass
-class Sample:
-    ttft: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) -> Sample:
     body: dict[str, Any] = {
         "model": args.model,
@@ -60,8 +51,7 @@ async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if args.ignore_eos:
-        body["ignore_eos"] = True
+    body.update(length_fields(args.length, args.max_tokens))
     sample = Sample()
     started = time.perf_counter()
     last = started
@@ -89,9 +79,33 @@ async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) 
     return sample
 
 
+def length_fields(style: str, tokens: int) -> dict[str, Any]:
+    """The body fields that make a server return exactly ``tokens`` tokens, in its dialect:
+    vLLM's ``ignore_eos`` + ``min_tokens`` (Lantern), llama-cpp-python's ``min_tokens``,
+    ``transformers serve``'s ``generation_config`` JSON, or nothing (stop at EOS)."""
+    if style == "ignore_eos":
+        return {"ignore_eos": True, "min_tokens": tokens}
+    if style == "min_tokens":
+        return {"min_tokens": tokens}
+    if style == "generation_config":
+        config = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
+        return {"generation_config": json.dumps(config)}
+    return {}
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant (a frontend's workers, their helpers)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(procstat.children(current))
+    return found
+
+
 async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     queue: asyncio.Queue[str] = asyncio.Queue()
-    for i in range(args.requests):
+    for i in range(max(args.requests, concurrency)):
         queue.put_nowait(PROMPTS[i % len(PROMPTS)])
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -102,27 +116,13 @@ async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
             while not queue.empty():
                 samples.append(await one(client, args, queue.get_nowait()))
 
+        pids = tree(args.pid) if args.pid else []
+        before = procstat.cpu_snapshot(pids)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    ok = [s for s in samples if s.error is None]
-    ttfts = [s.ttft for s in ok if s.ttft is not None]
-    gaps = [g for s in ok for g in s.gaps]
-    tokens = sum(s.tokens or len(s.gaps) + 1 for s in ok)
-    return {
-        "concurrency": concurrency,
-        "requests": len(samples),
-        "errors": len(samples) - len(ok),
-        "first_error": next((s.error for s in samples if s.error), None),
-        "seconds": elapsed,
-        "output_tokens_per_s": tokens / elapsed,
-        "requests_per_s": len(ok) / elapsed,
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "ttft_p99_s": _percentile(ttfts, 0.99),
-        "itl_p50_s": _percentile(gaps, 0.5),
-        "itl_p99_s": _percentile(gaps, 0.99),
-        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
-    }
+        cpu = procstat.cpu_delta(before, procstat.cpu_snapshot(tree(args.pid))) if pids else None
+    return summarise(samples, concurrency, elapsed, cpu)
 
 
 def floor(model_dir: str, requests: int, max_tokens: int, threads: int) -> dict[str, Any]:
@@ -155,9 +155,9 @@ def floor(model_dir: str, requests: int, max_tokens: int, threads: int) -> dict[
         "floor": True,
         "requests": requests,
         "output_tokens_per_s": tokens / generate_time,
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "itl_p50_s": _percentile(gaps, 0.5),
-        "itl_p99_s": _percentile(gaps, 0.99),
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "itl_p50_s": percentile(gaps, 0.5),
+        "itl_p99_s": percentile(gaps, 0.99),
     }
 
 
@@ -166,14 +166,30 @@ def main() -> None:
     parser.add_argument("--url", help="the API's base, e.g. http://host:8080/v1")
     parser.add_argument("--model", help="the model's name on the server")
     parser.add_argument("--floor", metavar="MODEL_DIR", help="measure the floor instead")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for --floor")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (--floor, --raw)"
+    )
     parser.add_argument("--concurrency", default="1,4,16,32")
     parser.add_argument("--requests", type=int, default=32, help="requests per level")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    parser.add_argument(
+        "--length",
+        default="ignore_eos",
+        choices=["ignore_eos", "min_tokens", "generation_config", "none"],
+        help="how to ask for exactly --max-tokens tokens (the server's dialect)",
+    )
+    parser.add_argument("--pid", type=int, help="the server's root process: CPU of its tree")
+    parser.add_argument("--raw", metavar="MODEL_DIR", help="the batched decode step in-process")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps per batch for --raw")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
+    if args.raw:
+        from bench.llm_raw import raw
+
+        batches = [int(c) for c in args.concurrency.split(",")]
+        print(json.dumps(raw(args.raw, batches, args.steps, args.threads, PROMPTS[0])), flush=True)
+        return
     if args.floor:
         result = floor(args.floor, args.requests, args.max_tokens, args.threads)
         print(json.dumps(result), flush=True)

@@ -167,6 +167,7 @@ def status(path: Path) -> None:
         )
     ]  # fmt: skip
     serving: set[int] = set()  # worker pids: a spare that became a worker keeps "--spare"
+    engines: list[str] = []
     for entry in models:
         name = entry["modelName"]
         default = get_json(f"{mgmt}/models/{name}", token, context)[0]["modelVersion"]
@@ -187,9 +188,12 @@ def status(path: Path) -> None:
                     *memory_cells(workers),
                 )
             )
+            engines.extend(engine_line(name, d))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in engines:
+        click.echo(line)
     own = process_memory(record.pid)  # read here: `serve status` runs on the server's machine
     click.echo(memory_line("frontend", [own] if own is not None else []))
     spares = [
@@ -234,6 +238,26 @@ def memory_cells(workers: list[dict[str, Any]]) -> tuple[str, str, str]:
         else:
             cells.append(f"{sum(known) / 2**20:.0f}MiB")
     return cells[0], cells[1], cells[2]
+
+
+def engine_line(name: str, described: dict[str, Any]) -> list[str]:
+    """One line for a version whose workers run many requests at once (describe's ``limits``):
+    its kind (a generative engine, or ``asyncCommunication``), the first worker's limits, and the
+    requests running over all its workers; nothing for a one-batch-at-a-time model."""
+    workers = [w for w in described.get("workers", []) if w.get("limits")]
+    if not workers:
+        return []
+    limits = dict(workers[0]["limits"])
+    kind = "generative" if "max_running_sequences" in limits else "concurrent"
+    shown = ", ".join(f"{key} {value}" for key, value in limits.items())
+    running = sum(int(w.get("runningRequests") or 0) for w in workers)
+    line = f"  {name} {described['modelVersion']}: {kind}; {shown}; running {running}"
+    engines = [w["engine"] for w in workers if w.get("engine")]
+    if engines:  # the engines' own counts, as their last report gave them
+        waiting = sum(int(e.get("waiting") or 0) for e in engines)
+        usage = max(float(e.get("kvCacheUsage") or 0.0) for e in engines)
+        line += f"; waiting in engine {waiting}; KV cache {usage:.0%}"
+    return [line]
 
 
 def model_health(workers: int, ready: int) -> str:

@@ -63,6 +63,19 @@ def test_serve_llm_archives_a_folder_and_serves_it(tmp_path: Path) -> None:
         client = openai.OpenAI(api_key="none", base_url=f"{addresses['inference']}/v1")
         done = client.completions.create(model="tiny", prompt="the quick", max_tokens=4)
         assert done.usage is not None and done.usage.completion_tokens >= 1
+        cmd = [
+            sys.executable,
+            "-m",
+            "serve.cli",
+            "status",
+            "--pid-file",
+            str(tmp_path / "server.json"),
+        ]
+        status = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+        line = next(ln for ln in status.stdout.splitlines() if ln.startswith("  tiny 1.0:"))
+        assert line.startswith("  tiny 1.0: generative; slots 32, max_running_sequences 32, "), line
+        assert "max_model_len" in line and line.endswith("; running 0"), line
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

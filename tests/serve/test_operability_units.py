@@ -151,3 +151,30 @@ def test_labelled_lines_put_every_value_in_one_column() -> None:
     ]
     assert len({line.index(line.split()[1]) for line in lines}) == 1
     assert labelled([]) == []
+
+
+def test_engine_line_shows_a_generative_models_kind_limits_and_running_requests() -> None:
+    from serve.cli.control import engine_line
+
+    limits = {"slots": 8, "max_running_sequences": 8, "max_cached_tokens": 16384}
+    described = {
+        "modelVersion": "1.0",
+        "workers": [
+            {"limits": limits, "runningRequests": 3},
+            {"limits": limits, "runningRequests": 2},
+        ],
+    }
+    assert engine_line("smollm2", described) == [
+        "  smollm2 1.0: generative; slots 8, max_running_sequences 8, max_cached_tokens 16384;"
+        " running 5"
+    ]
+    engine = {"waiting": 1, "running": 3, "kvCacheUsage": 0.25}
+    reporting = {"modelVersion": "1.0", "workers": [{"limits": limits, "runningRequests": 3,
+                                                    "engine": engine}]}  # fmt: skip
+    assert engine_line("smollm2", reporting)[0].endswith(
+        "running 3; waiting in engine 1; KV cache 25%"
+    )
+    concurrent = {"modelVersion": "2", "workers": [{"limits": {"slots": 4}, "runningRequests": 0}]}
+    assert engine_line("vllm", concurrent) == ["  vllm 2: concurrent; slots 4; running 0"]
+    assert engine_line("echo", {"modelVersion": "1.0", "workers": [{"status": "READY"}]}) == []
+    assert engine_line("idle", {"modelVersion": "1.0", "workers": []}) == []

