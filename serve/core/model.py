@@ -108,6 +108,7 @@ class ModelVersion:
             lambda: self.settings,
             max_backoff=config.worker_restart_max_backoff,
             stable_after=config.worker_restart_backoff_reset,
+            immediate_per_minute=config.worker_restart_immediate_per_minute,
             gpu_for=self._gpu_for,
             on_ready=self._worker_ready,
             on_restart=self._count_restart,
