@@ -361,8 +361,8 @@ class WorkerPool:
                 decision.delay,
                 decision.reason,
             )
-            if decision.delay > 0:
-                await asyncio.sleep(decision.delay)
+            # Even at 0 s this yields once: the dispatcher settles the dead worker's jobs first.
+            await asyncio.sleep(decision.delay)
 
     def backoff(self, attempt: int) -> float:
         return backoff_delay(attempt, self._max_backoff)
