@@ -1,9 +1,10 @@
 """``python -m bench.recovery --kills 5``: issue 25's scenario, kill → READY as describe sees it.
 
 One server with its defaults (back-off, spares) and no model; the tiny TorchScript MLP is
-registered (``synchronous=true``) and its worker SIGKILLed ``kills`` times, ``interval`` seconds apart (the next kill ``interval`` s after the last
-one, or at once if its replacement took longer), and each time the harness polls ``GET
-/models/NAME`` every 10 ms until a READY worker with another pid is there. Nothing waits for a
+registered (``synchronous=true``) and its worker SIGKILLed ``kills`` times, ``interval`` s apart
+(the next kill ``interval`` s after the last one, or at once if its replacement took longer);
+each time the harness polls ``GET /models/NAME`` every 10 ms until a READY worker with another
+pid is there. Nothing waits for a
 spare: what a user meets. ``--base DIR`` runs the same against another tree's code first.
 """
 

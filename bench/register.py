@@ -43,9 +43,8 @@ def wait_idle(lantern: LanternProcess, spares: int, timeout: float = 120.0) -> N
 def one_round(lantern: LanternProcess) -> tuple[float, float]:
     api = lantern.addresses["management"]
     started = time.perf_counter()
-    status, body = _request(
-        "POST", f"{api}/models?url=torchscript.mar&model_name=tiny&initial_workers=1&synchronous=true"
-    )
+    query = "url=torchscript.mar&model_name=tiny&initial_workers=1&synchronous=true"
+    status, body = _request("POST", f"{api}/models?{query}")
     register = time.perf_counter() - started
     if status != 200:
         raise RuntimeError(f"register: {status} {body[:300]!r}")
