@@ -175,8 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", default="uvicorn")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lantern-bench-recovery"))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--kills", type=int, help="issue 25's scenario instead (bench.crashes)")
+    parser.add_argument("--interval", type=float, default=3.0, help="seconds between kills")
+    parser.add_argument("--base", type=Path, help="with --kills: this tree's code runs first")
+    parser.add_argument("--hogs", type=int, default=0, help="CPU hogs running meanwhile")
     args = parser.parse_args(argv)
     store = build_models(args.work)
+    if args.kills:
+        return _kills(args, store)
     results: dict[str, Any] = {}
     servers: dict[int, LanternProcess] = {}
     os.environ["LANTERN_WORKER_RESTART_MAX_BACKOFF"] = "0"
@@ -232,6 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out / f"recovery-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=1))
     print(f"JSON: {out}")
+    return 0
+
+
+def _kills(args: argparse.Namespace, store: Path) -> int:
+    from bench import crashes
+    from bench.hog import cpu_hogs
+
+    rows = {}
+    with cpu_hogs(args.hogs):
+        for name, tree in (("base", args.base), ("this", None)):
+            if name == "base" and tree is None:
+                continue
+            _log(f"{args.kills} kills on {name} ({args.hogs} CPU hogs)")
+            rows[name] = crashes.run(
+                store, args.work / f"kills-{name}", args.server, args.kills, args.interval, tree
+            )
+        print(crashes.table(rows, args.interval) + f"; {args.hogs} CPU hogs")
     return 0
 
 

@@ -83,6 +83,9 @@ class Config:
     worker_restart_max_backoff: float = 30.0
     # A worker up this many seconds ends a crash streak: its replacement restarts without delay.
     worker_restart_backoff_reset: float = 60.0
+    # A worker that crashes in service is restarted at once, at most this many times a minute per
+    # model version (then with back-off): serve/core/restarts.py. 0: every restart backs off.
+    worker_restart_immediate_per_minute: int = 10
     worker_max_rss_mb: int | None = None  # recycle a worker between batches past this RSS
     worker_spares: int = 1  # warm interpreters (torch imported) for the next worker start
     # A starting worker (or spare) imports torch & co. at this nice value, so that under load it
@@ -187,6 +190,8 @@ class Config:
             not self.console_path.startswith("/") or self.console_path.rstrip("/") == ""
         ):
             raise ConfigError("Config 'console_path' must be a path such as /console, or empty")
+        if self.worker_restart_immediate_per_minute < 0:
+            raise ConfigError("Config 'worker_restart_immediate_per_minute' must be 0 or more")
         if self.worker_spares < 0:
             raise ConfigError("Config 'worker_spares' must be 0 or more")
         if not 0 <= self.worker_start_nice <= 19:

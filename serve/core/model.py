@@ -25,6 +25,7 @@ from serve.core.slots import SlotPlacement, runs_many_at_once
 from serve.core.threads import ThreadBudget, ThreadDemand
 from serve.wire.errors import ShuttingDown
 from serve.wire.messages import WorkerSpec
+from serve.worker.frameworks import archive_frameworks
 from serve.worker.process import WorkerProcess, WorkerStartFailed
 from serve.worker.spares import SparePool, worker_base_env
 
@@ -111,6 +112,7 @@ class ModelVersion:
             lambda: self.settings,
             max_backoff=config.worker_restart_max_backoff,
             stable_after=config.worker_restart_backoff_reset,
+            immediate_per_minute=config.worker_restart_immediate_per_minute,
             gpu_for=self._gpu_for,
             on_ready=self._worker_ready,
             on_restart=self._count_restart,
@@ -137,6 +139,11 @@ class ModelVersion:
         self.thread_budget: ThreadBudget | None = None
         # Warm spare interpreters shared by the server (set by the registry); None: cold starts.
         self.spares: SparePool | None = None
+        # What its handler imports as it loads, read off the archive: its first worker, and the
+        # replacement of its first crash, may take a spare that preloaded them.
+        self.expected_frameworks = archive_frameworks(
+            source.manifest, source.model_dir, source.handler
+        )
 
     # ----- what other modules read ---------------------------------------------------------
 
@@ -249,15 +256,16 @@ class ModelVersion:
     # ----- building workers ----------------------------------------------------------------
 
     def loads_torch(self) -> bool:
-        """Whether a worker of this version has imported torch: only then does a spare (an
-        interpreter with torch imported) fit it. A version's first worker starts cold, and a
-        torch-free handler's workers stay free of torch: their memory (the RSS cap, admission)
-        is their own."""
-        return "torch" in self._frameworks()
+        """Whether this version's workers import torch (its archive says so, or a worker did):
+        only then does a spare (an interpreter with torch imported) fit it. A torch-free
+        handler's workers stay free of torch: their memory (the RSS cap, admission) is their
+        own."""
+        return "torch" in self.frameworks()
 
-    def _frameworks(self) -> list[str]:
-        """The frameworks (`serve.worker.spares.PRELOADABLE`) this version's workers imported."""
-        seen: set[str] = set()
+    def frameworks(self) -> list[str]:
+        """The frameworks (`serve.worker.spares.PRELOADABLE`) this version's workers import: read
+        off its archive at registration, and what its workers reported once loaded."""
+        seen: set[str] = set(self.expected_frameworks)
         for slot in self.pool.slots:
             seen.update(getattr(slot.process, "modules", None) or ())
         return sorted(seen)
@@ -291,7 +299,7 @@ class ModelVersion:
                 str(self.source.dependency_path) if self.source.dependency_path else None
             ),
             # A cold start of a model known to use torch & co. imports them at low priority.
-            preload=self._frameworks(),
+            preload=self.frameworks(),
             start_nice=self.config.worker_start_nice,
             server_version=__version__,
             envelope=self.config.service_envelope or None,

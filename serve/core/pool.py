@@ -4,8 +4,10 @@ A `WorkerSlot` is a place for one worker; its supervisor task keeps a live worke
 a replacement when one exits. The pool builds workers through a factory, so it never names a
 process class; the dispatcher sees the pool as a `serve.core.dispatcher.WorkerSource`.
 
-Restarts back off while a slot crash-loops (`restart_backoff`); a worker that stayed up for
-``stable_after`` seconds starts the count over. A worker whose resident memory passes its cap is
+A worker that crashes in service (it had served, or stayed READY a while) is restarted at once, up
+to ``immediate_per_minute`` times a minute per version; one that dies right after READY backs off
+while its slot crash-loops (`serve.core.restarts.decide_restart`, pure); a worker that stayed up
+for ``stable_after`` seconds starts the count over. A worker whose resident memory passes its cap is
 recycled between batches: it takes no new batch, is stopped gracefully and replaced at once.
 """
 
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,31 +26,14 @@ from serve.config import ModelSettings
 from serve.core.dispatcher import Worker
 from serve.core.host import process_unique
 from serve.core.jobs import LIVE_STATES, WorkerState
+from serve.core.restarts import Exit, RestartPolicy, backoff_delay, decide_restart
 from serve.worker.process import WorkerStartFailed
 
 logger = logging.getLogger(__name__)
 
-# TorchServe's restart back-off, in seconds; capped by `worker_restart_max_backoff`.
-_BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
-
-
-def backoff_delay(attempt: int, max_backoff: float) -> float:
-    """Seconds to wait before restart number ``attempt`` (0-based) of a crash streak."""
-    step = _BACKOFF[min(max(attempt, 0), len(_BACKOFF) - 1)]
-    return float(min(step, max_backoff))
-
-
-def restart_backoff(
-    streak: int, uptime: float, *, stable_after: float, max_backoff: float
-) -> tuple[int, float]:
-    """The crash streak and the delay before restarting, after a worker exits unasked.
-
-    ``streak`` counts the crashes in a row so far, ``uptime`` is how long the worker that just
-    exited was ready. A worker that stayed up ``stable_after`` seconds or more ends the streak: the
-    crash counts as the first of a new one and its replacement starts at once.
-    """
-    streak = 1 if uptime >= stable_after else streak + 1
-    return streak, backoff_delay(streak - 1, max_backoff)
+# How long a READY worker must have been up, without serving, for its crash to count as one in
+# service (restarted at once): a worker that dies sooner is taken for a crash loop.
+SETTLED_AFTER_S = 1.0
 
 
 class ManagedWorker(Worker, Protocol):
@@ -81,6 +67,7 @@ class WorkerSlot:
     retiring: bool = False
     restarts: int = 0  # every restart after an unasked exit, for describe and metrics
     crash_streak: int = 0  # crashes in a row, each replacement up less than `stable_after`
+    served: int = 0  # batches its current worker answered
     recycling: bool = False  # its worker is being replaced on purpose (the memory cap)
     failures: int = 0
     last_error: str | None = None
@@ -144,6 +131,9 @@ class WorkerPool:
         *,
         max_backoff: float,
         stable_after: float = 60.0,
+        immediate_per_minute: int = 10,
+        settled_after: float = SETTLED_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
         gpu_for: Callable[[int], int | None] = lambda _: None,
         on_ready: Callable[[], None] = lambda: None,
         on_restart: Callable[[], None] = lambda: None,
@@ -154,7 +144,10 @@ class WorkerPool:
         self._factory = factory
         self._settings = settings
         self._max_backoff = max_backoff
-        self._stable_after = stable_after
+        self._policy = RestartPolicy(max_backoff, stable_after, settled_after, immediate_per_minute)
+        self._clock = clock
+        # When this version's last immediate restarts were (the crash-rate limit's window).
+        self._immediate: deque[float] = deque(maxlen=max(1, immediate_per_minute))
         self._gpu_for = gpu_for
         self._on_ready = on_ready
         self._on_restart = on_restart
@@ -177,6 +170,7 @@ class WorkerPool:
         for slot in self.slots:
             if slot.process is not worker:
                 continue
+            slot.served += 1
             if slot.retiring:
                 if not _in_flight(worker):  # the last of a slot worker's requests
                     self._background(self._stop_slot(slot))
@@ -323,6 +317,7 @@ class WorkerPool:
             proc = self._factory(slot)
             slot.process = proc
             slot.recycling = False
+            slot.served = 0
             settings = self._settings()
             try:
                 await proc.start(settings.startup_timeout)
@@ -348,7 +343,7 @@ class WorkerPool:
             slot.last_error = None
             slot.loaded.set()
             slot.settled.set()
-            ready_at = time.monotonic()
+            ready_at = self._clock()
             logger.info("Worker %s ready (pid %s)", slot.worker_id, proc.pid)
             self._on_ready()
             code = await proc.wait_exit()
@@ -363,20 +358,24 @@ class WorkerPool:
                 continue
             slot.restarts += 1
             self._on_restart()
-            slot.crash_streak, delay = restart_backoff(
-                slot.crash_streak,
-                time.monotonic() - ready_at,
-                stable_after=self._stable_after,
-                max_backoff=self._max_backoff,
+            now = self._clock()
+            decision = decide_restart(
+                Exit(now - ready_at, slot.served, slot.crash_streak, tuple(self._immediate), now),
+                self._policy,
             )
+            slot.crash_streak = decision.streak
+            if decision.immediate:
+                self._immediate.append(now)
             logger.error(
-                "Worker %s (pid %s) exited with code %s; restarting in %g s",
+                "Worker %s (pid %s) exited with code %s; restarting in %g s (%s)",
                 slot.worker_id,
                 proc.pid,
                 code,
-                delay,
+                decision.delay,
+                decision.reason,
             )
-            await asyncio.sleep(delay)
+            # Even at 0 s this yields once: the dispatcher settles the dead worker's jobs first.
+            await asyncio.sleep(decision.delay)
 
     def backoff(self, attempt: int) -> float:
         return backoff_delay(attempt, self._max_backoff)

@@ -335,6 +335,8 @@ class Registry:
             )
             model.thread_budget = self.thread_budget
             model.spares = self.spares
+            # The next spares preload what its workers will import (serve/worker/frameworks.py).
+            self.spares.expect(model.frameworks())
             if entry is None:
                 entry = self.models[name] = ModelEntry(name, default_version=version)
             entry.versions[version] = model

@@ -151,7 +151,7 @@ class WorkerProcess:
         if self.spares is not None:
             self.spares.worker_starting()
         try:
-            self.proc = await self._spawn(spec)
+            self.proc = await self._spawn(spec, timeout / 2)
             self.pid = self.proc.pid
             if self.warm:
                 logging.getLogger("serve.spares").info(
@@ -190,10 +190,13 @@ class WorkerProcess:
             if self.spares is not None:
                 self.spares.worker_started()
 
-    async def _spawn(self, spec: WorkerSpec) -> Child:
-        """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`), else a fresh
-        interpreter given it on its command line."""
-        spare = self.spares.take() if self.spares is not None and self.use_spare else None
+    async def _spawn(self, spec: WorkerSpec, wait: float) -> Child:
+        """A warm spare given ``spec`` on its stdin (see `serve.worker.spares`; one still
+        starting is waited for, up to ``wait`` seconds), else a fresh interpreter given it on
+        its command line."""
+        spare = None
+        if self.spares is not None and self.use_spare:
+            spare = await self.spares.acquire(wait)
         if spare is not None:
             assert spare.stdin is not None
             try:

@@ -113,19 +113,37 @@ class SparePool:
         """The pids of the spares ready and idle now (their memory is reported: metrics)."""
         return [p.pid for p in self._ready if p.returncode is None]
 
+    async def acquire(self, wait: float) -> Child | None:
+        """A ready spare; with none, but one on its way, that one (up to ``wait`` seconds: it is
+        further along than a fresh interpreter would be, and does not compete with one for the
+        cores); else None (then the caller starts a fresh worker)."""
+        spare = self.take()
+        if spare is None and self._starting and wait > 0:
+            await asyncio.wait(set(self._starting), timeout=wait, return_when="FIRST_COMPLETED")
+            spare = self.take()
+        return spare
+
     def learn(self, modules: list[str]) -> None:
         """Frameworks a loaded worker imported: spares preload them from now on, and ready ones
         that lack one are replaced."""
+        if self.expect(modules):
+            self.refill()
+
+    def expect(self, modules: list[str] | frozenset[str]) -> bool:
+        """Frameworks a model's workers will import (known at its registration,
+        `serve.worker.frameworks`): the next spares preload them, ready ones that lack one are
+        replaced. Starts nothing itself: spares start once no worker is starting. True when
+        something was new."""
         new = set(modules) & set(PRELOADABLE)
         if new <= self.preload:
-            return
+            return False
         self.preload |= new
         stale = [p for p in self._ready if not self.preload <= self._preloaded.get(p, set())]
         for proc in stale:
             self._ready.remove(proc)
             self._discard(proc)
             logger.info("Spare worker replaced (pid %s): it lacks %s", proc.pid, ", ".join(new))
-        self.refill()
+        return True
 
     def _discard(self, proc: Child) -> None:
         if proc.stdin is not None:

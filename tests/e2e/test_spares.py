@@ -48,7 +48,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     store = root / "store"
     store.mkdir()
     build_archive(store, "t", HANDLERS / "threads_handler.py", config={"minWorkers": 1})
-    running = LanternServer(root, store, ["t=t.mar"]).start()
+    build_archive(store, "u", HANDLERS / "threads_handler.py", config={"minWorkers": 1})
+    running = LanternServer(root, store, ["t=t.mar"], args=["--enable-model-api"]).start()
     yield running
     running.stop()
 
@@ -67,6 +68,27 @@ def test_a_crashed_worker_is_replaced_by_the_warm_spare(server: LanternServer) -
     assert "started from a warm spare" in server.log_text("lantern.log")
     # ... and the pool starts the next spare.
     wait_for(lambda: [p for p in ready_spares(server) if p != spare], 120, "the next spare")
+
+
+def test_a_freshly_registered_models_first_crash_is_replaced_by_a_warm_spare(
+    server: LanternServer,
+) -> None:
+    """Its archive says it imports torch: its first worker takes the ready spare, and the first
+    crash, right after, takes the next one (waited for while it starts, not a cold start)."""
+    wait_for(lambda: ready_spares(server), 120, "a spare to be ready")
+    api = server.management
+    resp = httpx.post(f"{api}/models?url=u.mar&initial_workers=1&synchronous=true", timeout=180)
+    assert resp.status_code == 200, resp.text
+    try:
+        (first,) = server.worker_pids("u")
+        assert "--spare" in cmdline(first)  # registered onto a warm interpreter
+        os.kill(first, signal.SIGKILL)
+        (new,) = wait_for(lambda: [p for p in server.worker_pids("u") if p != first], 60, "a u")
+        assert "--spare" in cmdline(new)
+        resp = httpx.post(f"{server.inference}/predictions/u", content=b"x", timeout=60)
+        assert resp.status_code == 200 and resp.json()["pid"] == new
+    finally:
+        httpx.delete(f"{api}/models/u", timeout=60)
 
 
 def thread_nice_values(pid: int) -> dict[int, int]:

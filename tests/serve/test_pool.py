@@ -10,39 +10,9 @@ import pytest
 
 from serve.config import ModelSettings
 from serve.core.jobs import BatchOutcome, WorkerState, next_state
-from serve.core.pool import WorkerFactory, WorkerPool, WorkerSlot, backoff_delay, restart_backoff
+from serve.core.pool import WorkerFactory, WorkerPool, WorkerSlot
 from serve.worker.process import WorkerStartFailed
 from tests.support.waiting import until
-
-
-@pytest.mark.parametrize(
-    ("streak", "uptime", "expected"),
-    [
-        # A first crash restarts at once.
-        (0, 0.5, (1, 0.0)),
-        # A crash loop (each replacement up briefly) walks TorchServe's sequence...
-        (1, 0.5, (2, 1.0)),
-        (2, 5.0, (3, 1.0)),
-        (3, 59.9, (4, 2.0)),
-        (6, 1.0, (7, 8.0)),
-        # ...capped by worker_restart_max_backoff.
-        (9, 1.0, (10, 30.0)),
-        (50, 1.0, (51, 30.0)),
-        # A replacement healthy for the window ends the streak: isolated crashes never wait.
-        (3, 60.0, (1, 0.0)),
-        (50, 86_400.0, (1, 0.0)),
-    ],
-)
-def test_restart_backoff(streak: int, uptime: float, expected: tuple[int, float]) -> None:
-    assert restart_backoff(streak, uptime, stable_after=60.0, max_backoff=30.0) == expected
-
-
-def test_backoff_delay_is_torchserve_sequence_capped() -> None:
-    assert [backoff_delay(i, 30.0) for i in range(12)] == [
-        0, 1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30,
-    ]  # fmt: skip
-    assert backoff_delay(-1, 30.0) == 0.0
-    assert backoff_delay(5, 2.0) == 2.0
 
 
 class _Proc:
@@ -218,3 +188,60 @@ def test_a_crash_restarts_at_once_then_backs_off_in_a_loop() -> None:
         await pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_crash_in_service_restarts_at_once_a_crash_loop_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool's clock is the test's: a worker's uptime is what the test says, not the load."""
+    now = [0.0]
+
+    async def scenario() -> None:
+        procs: list[_Proc] = []
+        model_settings = ModelSettings()
+        pool = WorkerPool(
+            "m",
+            "1",
+            _recording(procs),
+            lambda: model_settings,
+            max_backoff=30.0,
+            stable_after=60.0,
+            immediate_per_minute=2,
+            clock=lambda: now[0],
+        )
+        slot = pool.add()
+        await asyncio.wait_for(pool.wait_loaded(), 5)
+        now[0] += 3.0  # READY for 3 s, never served: an isolated crash
+        procs[0].kill()
+        await until(lambda: len(procs) >= 2 and procs[1].state is WorkerState.READY)
+        pool.batch_finished(procs[1])  # served a batch, then dies at once: still in service
+        procs[1].kill()
+        await until(lambda: len(procs) >= 3 and procs[2].state is WorkerState.READY)
+        assert slot.crash_streak == 2
+        pool.batch_finished(procs[2])  # in service, but the third in a minute: the limit
+        procs[2].kill()
+        await until(lambda: slot.crash_streak >= 3)
+        # Waited a fifth of its 1 s back-off (the loop runs nothing else meanwhile): a restart
+        # by now would have been immediate.
+        await asyncio.sleep(0.2)
+        assert len(procs) == 3, "restarted past the crash-rate limit without back-off"
+        await until(lambda: len(procs) >= 4 and procs[3].state is WorkerState.READY, timeout=10)
+        procs[3].kill()  # right after READY, unserved: a crash loop, 2 s back-off
+        await until(lambda: slot.crash_streak >= 4)
+        await asyncio.sleep(0.2)
+        assert len(procs) == 4 and slot.restarts == 4
+        await pool.stop()
+
+    with caplog.at_level(logging.ERROR, logger="serve.core.pool"):
+        asyncio.run(scenario())
+    delays = [
+        r.getMessage().split("restarting in ")[1]
+        for r in caplog.records
+        if "exited" in r.getMessage()
+    ]
+    assert delays == [
+        "0 s (it crashed in service)",
+        "0 s (it crashed in service)",
+        "1 s (over 2 immediate restarts a minute)",
+        "2 s (it died right after it became ready)",
+    ]
