@@ -22,7 +22,9 @@ from serve.config import Config, ConfigError
 
 # model-config.yaml of the archive: one worker, the engine's defaults (docs/generation.md); a
 # .gguf file is dequantised on every start, which takes minutes on a small, busy machine.
-MODEL_CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 32\nmaxBatchDelay: 0\nstartupTimeout: 600\n"
+MODEL_CONFIG = (
+    "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 32\nmaxBatchDelay: 0\nstartupTimeout: 600\n"
+)
 
 
 def model_files(path: Path) -> list[Path]:
