@@ -274,7 +274,10 @@ def test_api_docs_send_a_request(
     route = '#docs [data-api="management"] details[data-route="GET /models/{model_name}"]'
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, route))
     browser.find_element(By.CSS_SELECTOR, f"{route} summary").click()
-    browser.find_element(By.CSS_SELECTOR, f'{route} input[name="model_name"]').send_keys("echo")
+    # The route's form is built on the details' "toggle" event, a task after the click: wait.
+    field = f'{route} input[name="model_name"]'
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, field))
+    browser.find_element(By.CSS_SELECTOR, field).send_keys("echo")
     browser.find_element(By.CSS_SELECTOR, f"{route} button").click()
     wait(browser, lambda d: text(d, f"{route} pre.answer").startswith("200"))
     assert '"modelName": "echo"' in text(browser, f"{route} pre.answer")
