@@ -85,6 +85,7 @@ class SparePool:
         self._preloaded: dict[Child, frozenset[str]] = {}
         self._worker_starts = 0  # workers starting now: spares wait until they are done
         self._starting: set[asyncio.Task[None]] = set()
+        self._waiters = 0  # worker starts waiting in `acquire` for a spare on its way
         self._all: set[Child] = set()
         self.closed = False
 
@@ -118,8 +119,14 @@ class SparePool:
         further along than a fresh interpreter would be, and does not compete with one for the
         cores); else None (then the caller starts a fresh worker)."""
         spare = self.take()
-        if spare is None and self._starting and wait > 0:
-            await asyncio.wait(set(self._starting), timeout=wait, return_when="FIRST_COMPLETED")
+        # One waiter per spare on its way: a second start waiting for the same spare would get
+        # none and only then start cold (a scale-up 1 -> 3 took twice as long that way).
+        if spare is None and wait > 0 and self._waiters < len(self._starting):
+            self._waiters += 1
+            try:
+                await asyncio.wait(set(self._starting), timeout=wait, return_when="FIRST_COMPLETED")
+            finally:
+                self._waiters -= 1
             spare = self.take()
         return spare
 
