@@ -38,7 +38,6 @@ def server(
         env={"LANTERN_MAX_HEADER_SIZE": str(LIMIT)},
     )
     with srv:
-        srv.start()
         yield srv
 
 

@@ -28,7 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     store.mkdir()
     echo_archive(store, "echo")
     with LanternServer(work, store, ["echo=echo.mar"], token_auth=True) as srv:
-        srv.start()
         yield srv
 
 

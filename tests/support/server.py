@@ -118,6 +118,8 @@ class LanternServer:
         return cmd + self.args
 
     def start(self, *, healthy: bool = True, timeout: float = 120.0) -> LanternServer:
+        if self._running():  # a second Popen would orphan the first server (its pid forgotten)
+            raise RuntimeError("this LanternServer is already running; stop it first")
         self.state_file.unlink(missing_ok=True)
         env = dict(os.environ, **(self.env or {}))
         self.console = open(self.workdir / "console.log", "ab")
@@ -240,8 +242,12 @@ class LanternServer:
         self.console.close()
         return self.proc.returncode
 
+    def _running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def __enter__(self) -> LanternServer:
-        return self.start()
+        """Start the server unless it runs already (``with server.start(timeout=...):``)."""
+        return self if self._running() else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
