@@ -123,12 +123,7 @@ def measure_torchserve(launcher: Path, store: Path, work: Path) -> list[tuple[st
                 rows.append((f"TorchServe worker: {name}", pid, _mb(pid) if pid > 0 else 0.0))
         return rows
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        subprocess.run([str(launcher), "--stop"], cwd=ts_work, capture_output=True, timeout=60)
+        stop_torchserve(proc, launcher, ts_work)
         log.close()
 
 
@@ -191,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         for what, pid, rss in measure_torchserve(args.torchserve, store, args.work):
             print(f"{what:<40} {pid:>10} {rss:>8.0f}")
     return 0
+
+
+def stop_torchserve(proc: subprocess.Popen[bytes], launcher: Path, ts_work: Path) -> None:
+    """SIGTERM the launcher (SIGKILL after 60 s), then ``torchserve --stop`` for its JVM."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    subprocess.run([str(launcher), "--stop"], cwd=ts_work, capture_output=True, timeout=60)
 
 
 if __name__ == "__main__":

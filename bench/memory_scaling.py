@@ -16,7 +16,6 @@ shared page counted once.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -159,7 +158,7 @@ def measure_lantern(work: Path, store: Path, model: str, counts: tuple[int, ...]
 def measure_torchserve(
     launcher: Path, work: Path, store: Path, model: str, counts: tuple[int, ...]
 ) -> list[Row]:
-    from bench.memory import _free_port, _is_java
+    from bench.memory import _free_port, _is_java, stop_torchserve
 
     ts_work = work / f"torchserve-{model}"
     ts_work.mkdir(parents=True, exist_ok=True)
@@ -205,12 +204,7 @@ def measure_torchserve(
             lambda: True,
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        subprocess.run([str(launcher), "--stop"], cwd=ts_work, capture_output=True, timeout=60)
+        stop_torchserve(proc, launcher, ts_work)
         log.close()
 
 
