@@ -1,108 +1,112 @@
-"""The running batch's key/value cache: one left-padded tensor pair per layer.
+"""The running batch's key/value cache: one row per sequence, written in place.
 
-Rows are sequences; columns are cache positions, aligned on the right (the newest token of every
-row is in the last column), so one decode step appends one column for the whole batch. A joining
-sequence's cache (prefilled alone) is left-padded to the batch's length, or the batch is padded
-to it; a leaving row is dropped and columns that hold padding for every row are trimmed away.
-The attention mask marks real positions; a row's next position id is its count of real ones.
-Padding costs memory (``padded_tokens`` counts it) but never changes a row's attention result:
-padded keys are masked out.
+Per layer one key and one value tensor of shape ``(rows, kv_heads, columns, head_dim)`` hold the
+running sequences, row ``i`` for ``keys[i]``, its positions from column 0 up to its length (the
+rest of the row is unused and masked out). A decode step writes each row's new key at its own
+length (`write`), so nothing is copied per step; a joining sequence is written into the next free
+row; a leaving one is replaced by the last row, so the rows stay compact. The tensors grow by
+doubling (rows up to what joins, columns up to the longest row) and are freed when the batch
+empties. ``padded_tokens`` counts the positions attention reads: rows x the longest row.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-
-def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), ``(b, h, n, d)``
 
 
-def new_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
-    """A transformers ``DynamicCache`` (empty, or holding ``layers``)."""
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
-
-
-def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-    if n == 0:
-        return t
-    pad = t.new_zeros((*t.shape[:2], n, *t.shape[3:]))
-    return torch.cat([pad, t], dim=2)
+def _grown(t: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    bigger = t.new_zeros((rows, t.shape[1], columns, t.shape[3]))
+    bigger[: t.shape[0], :, : t.shape[2]] = t
+    return bigger
 
 
 class BatchCache:
-    """Rows of sequences sharing one padded cache, addressed by sequence key."""
+    """Rows of running sequences sharing one cache, addressed by sequence key."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []
-        self.cache: Any = None  # DynamicCache, None while empty
-        self.mask = torch.zeros((0, 0), dtype=torch.long)
+        self.layers: Layers = []
+        self.lengths: list[int] = []  # positions held by each row
+        self._rows = self._columns = torch.zeros(0, dtype=torch.long)  # this step's writes
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @property
+    def width(self) -> int:
+        """Columns attention reads this step: the longest row plus the one being written."""
+        return max(self.lengths) + 1 if self.lengths else 0
+
+    @property
     def padded_tokens(self) -> int:
-        """Cache slots in use, padding included (rows x columns)."""
-        return int(self.mask.numel())
+        """Cache positions attention reads (rows x the longest row)."""
+        return len(self.keys) * (max(self.lengths) if self.lengths else 0)
 
     def positions(self) -> torch.Tensor:
-        """Each row's next position id, shape ``(rows, 1)``."""
-        return self.mask.sum(dim=1, keepdim=True)
+        """Each row's next position id, shape ``(rows,)``."""
+        return torch.tensor(self.lengths, dtype=torch.long)
 
     def step_mask(self) -> torch.Tensor:
-        """The attention mask for one more token per row."""
-        return torch.cat([self.mask, self.mask.new_ones((len(self.keys), 1))], dim=1)
+        """Which columns each row's new token attends to (its own and the ones before), shape
+        ``(rows, 1, 1, width)``, for one more token per row."""
+        columns = torch.arange(self.width)
+        return (columns[None, :] <= self.positions()[:, None])[:, None, None, :]
 
-    def advanced(self, cache: Any) -> None:
-        """Record that a forward pass appended one position to every row of ``cache``."""
-        self.cache = cache
-        self.mask = self.step_mask()
+    def begin_step(self) -> None:
+        """Make room for one more column in every row, before a decode step writes it."""
+        self._rows = torch.arange(len(self.keys))
+        self._columns = self.positions()
+        if self.layers and self.width > self.layers[0][0].shape[2]:
+            rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
+            self._resize(rows, max(self.width, 2 * columns))
 
-    def join(self, key: str, cache: Any, length: int) -> None:
-        """Add a sequence whose own cache (batch of one) holds ``length`` positions."""
-        joining = _layers(cache)
-        width = self.mask.shape[1]
-        total = max(width, length)
-        row_mask = torch.ones((1, total), dtype=torch.long)
-        row_mask[:, : total - length] = 0
-        if not self.keys:
-            layers = joining
-            self.mask = row_mask
-        else:
-            layers = [
-                (
-                    torch.cat([_pad_left(k, total - width), _pad_left(jk, total - length)]),
-                    torch.cat([_pad_left(v, total - width), _pad_left(jv, total - length)]),
-                )
-                for (k, v), (jk, jv) in zip(_layers(self.cache), joining, strict=True)
+    def write(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store each row's new key/value ``(rows, kv_heads, head_dim)`` at its length; returns the
+        layer's cache as attention reads it, ``(rows, kv_heads, width, head_dim)`` views."""
+        k, v = self.layers[layer]
+        k[self._rows, :, self._columns] = keys
+        v[self._rows, :, self._columns] = values
+        n, width = len(self.keys), self.width
+        return k[:n, :, :width], v[:n, :, :width]
+
+    def advanced(self) -> None:
+        """Record that a decode step wrote one position into every row."""
+        self.lengths = [n + 1 for n in self.lengths]
+
+    def join(self, key: str, layers: Layers, length: int) -> None:
+        """Add a sequence whose own cache (batch of one per layer) holds ``length`` positions."""
+        row = len(self.keys)
+        if not self.layers:
+            self.layers = [
+                (_grown(k[:0], 4, 2 * length), _grown(v[:0], 4, 2 * length)) for k, v in layers
             ]
-            pad = self.mask.new_zeros((len(self.keys), total - width))
-            self.mask = torch.cat([torch.cat([pad, self.mask], dim=1), row_mask])
+        rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
+        if row >= rows or length + 1 > columns:
+            self._resize(2 * rows if row >= rows else rows, max(columns, 2 * length))
+        for (k, v), (jk, jv) in zip(self.layers, layers, strict=True):
+            k[row, :, :length] = jk[0, :, :length]
+            v[row, :, :length] = jv[0, :, :length]
         self.keys.append(key)
-        self.cache = new_cache(layers)
+        self.lengths.append(length)
 
     def leave(self, keys: set[str]) -> None:
-        """Drop the rows of ``keys`` and any columns left holding padding only."""
-        keep = [i for i, k in enumerate(self.keys) if k not in keys]
-        if len(keep) == len(self.keys):
-            return
-        self.keys = [self.keys[i] for i in keep]
-        if not keep:
-            self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
-            return
-        index = torch.tensor(keep, dtype=torch.long)
-        mask = self.mask.index_select(0, index)
-        first = int(torch.nonzero(mask.any(dim=0))[0])  # leading all-padding columns
-        self.mask = mask[:, first:]
-        layers = []
-        for k, v in _layers(self.cache):
-            rows = index.to(k.device)
-            layers.append(
-                (k.index_select(0, rows)[:, :, first:], v.index_select(0, rows)[:, :, first:])
-            )
-        self.cache = new_cache(layers)
+        """Drop the rows of ``keys``; the last rows move into the holes."""
+        for key in [k for k in self.keys if k in keys]:
+            row, last = self.keys.index(key), len(self.keys) - 1
+            if row != last:
+                n = self.lengths[last]
+                for k, v in self.layers:
+                    k[row, :, :n] = k[last, :, :n]
+                    v[row, :, :n] = v[last, :, :n]
+                self.keys[row], self.lengths[row] = self.keys[last], self.lengths[last]
+            self.keys.pop()
+            self.lengths.pop()
+        if not self.keys:
+            self.layers = []
+
+    def _resize(self, rows: int, columns: int) -> None:
+        self.layers = [(_grown(k, rows, columns), _grown(v, rows, columns)) for k, v in self.layers]

@@ -6,10 +6,11 @@ iteration and returns a `StepOutput` for every sequence that produced something 
 ``cancel(request_id)`` drops a sequence, freeing its slot before the next forward pass;
 ``limits()`` and ``stats()`` say what the worker can take and holds.
 
-One step is one decode forward over the running batch (one token per sequence, in one padded
-batch) followed by at most ``prefill_chunk_tokens`` of prompt prefill for newcomers; a sequence
-whose prompt is complete emits its first token and joins the batch at the next step. The engine
-runs in the calling thread and uses torch's intra-op threads only (the worker's thread budget).
+One step is one forward pass (handlers/generation/ragged.py): one token for every running
+sequence and at most ``prefill_chunk_tokens`` of newcomers' prompts, packed together; a sequence
+whose prompt is complete emits its first token and decodes with the batch from the next step.
+The engine runs in the calling thread and uses torch's intra-op threads only (the worker's
+thread budget).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 import torch
 
 from handlers.exceptions import PredictionException, report_failure
-from handlers.generation.cache import BatchCache, new_cache
+from handlers.generation.cache import BatchCache
 from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
 from handlers.generation.params import GenerationRequest, SamplingParams
+from handlers.generation.ragged import ChunkState, StepPlan, install, planned
 from handlers.generation.sampling import Sampler, TokenLogprobs
 from handlers.generation.scheduler import EngineLimits, PrefillChunk, Scheduler
 
@@ -102,6 +104,7 @@ class Engine:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.device = getattr(model, "device", torch.device("cpu"))
+        install(model)
         self._cancelled: set[str] = set()
         self.steps = 0
         self.last_step: dict[str, int] = {}
@@ -193,22 +196,14 @@ class Engine:
         return True
 
     def step(self) -> list[StepOutput]:
-        """One iteration: cancellations, admission, one decode forward, one prefill chunk."""
+        """One iteration: cancellations, admission, then one forward pass for the running batch's
+        next tokens and at most ``prefill_chunk_tokens`` of newcomers' prompts."""
         outputs = self._drop_cancelled()
         self.scheduler.admit()
         running = len(self.batch)
-        if running:
-            outputs += self._decode()
         chunks = self.scheduler.plan_prefill()
-        whole = [c for c in chunks if c.start == 0 and c.last]
-        if len(whole) > 1:  # prompts that fit this step whole: one padded forward for all
-            outputs += self._prefill_together(whole)
-        for chunk in chunks:
-            if len(whole) > 1 and chunk in whole:
-                continue
-            out = self._prefill(chunk)
-            if out is not None:
-                outputs.append(out)
+        if running or chunks:
+            outputs += self._forward_step(chunks)
         self.steps += 1
         self.last_step = {
             "decoded": running,
@@ -227,19 +222,56 @@ class Engine:
 
     # -- inside a step ------------------------------------------------------------------------
 
+    def _forward_step(self, chunks: list[PrefillChunk[Sequence]]) -> list[StepOutput]:
+        """Decode every running row and prefill ``chunks`` in one packed forward pass."""
+        by_id = {seq.request_id: seq for seq in self.scheduler.running}
+        rows = [by_id[key] for key in self.batch.keys]
+        prefill = [c.sequence for c in chunks]
+        assert all(isinstance(seq, Sequence) for seq in prefill)
+        ids = [seq.output_ids[-1] for seq in rows]
+        positions = self.batch.positions().tolist()
+        states, last = [], []
+        for chunk, seq in zip(chunks, prefill, strict=True):
+            states.append(ChunkState(len(ids), chunk.end - chunk.start, seq.cache or []))
+            ids += seq.prompt_ids[chunk.start : chunk.end]
+            positions += range(chunk.start, chunk.end)
+            last.append(len(ids) - 1)
+        self.batch.begin_step()
+        plan = StepPlan(len(rows), self.batch, states, self.batch.step_mask() if rows else None)
+        keep = torch.tensor(list(range(len(rows))) + last, dtype=torch.long)
+        try:
+            logits = self._forward(
+                torch.tensor([ids], dtype=torch.long),
+                torch.tensor([positions], dtype=torch.long),
+                keep,
+                plan,
+            )
+        except Exception as exc:
+            return [self._fail(seq, exc) for seq in rows + prefill]
+        if rows:
+            self.batch.advanced()
+        outputs = [self._emit(seq, logits[i]) for i, seq in enumerate(rows)]
+        for i, (chunk, seq, state) in enumerate(zip(chunks, prefill, states, strict=True)):
+            self.scheduler.prefilled(chunk)
+            seq.cache = state.layers
+            if chunk.last:
+                self.batch.join(seq.request_id, state.layers, seq.prompt_len)
+                seq.cache = None
+                outputs.append(self._emit(seq, logits[len(rows) + i]))
+        return outputs
+
     def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
-    ):
-        with torch.inference_mode():
+        self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
+    ) -> torch.Tensor:
+        """The packed forward: logits (float, on the CPU) at the positions in ``keep``."""
+        with torch.inference_mode(), planned(plan):
             out = self.model(
                 input_ids=input_ids.to(self.device),
-                attention_mask=mask.to(self.device),
                 position_ids=positions.to(self.device),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
+                use_cache=False,
+                logits_to_keep=keep.to(self.device),
             )
-        return out.logits[:, -1, :].float().cpu(), out.cache
+        return out.logits[0].float().cpu()
 
     def _drop_cancelled(self) -> list[StepOutput]:
         outputs = []
@@ -248,63 +280,6 @@ class Engine:
             if seq is not None:
                 outputs.append(self._finish(seq, FINISH_CANCELLED, [], ""))
         self._cancelled.clear()
-        return outputs
-
-    def _decode(self) -> list[StepOutput]:
-        rows = {seq.request_id: seq for seq in self.scheduler.running}
-        order = [rows[key] for key in self.batch.keys]
-        input_ids = torch.tensor([[seq.output_ids[-1]] for seq in order], dtype=torch.long)
-        try:
-            logits, cache = self._forward(
-                input_ids, self.batch.step_mask(), self.batch.positions(), self.batch.cache
-            )
-        except Exception as exc:
-            return [self._fail(seq, exc) for seq in order]
-        self.batch.advanced(cache)
-        return [self._emit(seq, logits[i]) for i, seq in enumerate(order)]
-
-    def _prefill(self, chunk: PrefillChunk[Sequence]) -> StepOutput | None:
-        seq = chunk.sequence
-        assert isinstance(seq, Sequence)
-        ids = torch.tensor([seq.prompt_ids[chunk.start : chunk.end]], dtype=torch.long)
-        mask = torch.ones((1, chunk.end), dtype=torch.long)
-        positions = torch.arange(chunk.start, chunk.end, dtype=torch.long)[None]
-        if seq.cache is None:
-            seq.cache = new_cache()
-        try:
-            logits, seq.cache = self._forward(ids, mask, positions, seq.cache)
-        except Exception as exc:
-            return self._fail(seq, exc)
-        self.scheduler.prefilled(chunk)
-        if not chunk.last:
-            return None
-        self.batch.join(seq.request_id, seq.cache, seq.prompt_len)
-        seq.cache = None
-        return self._emit(seq, logits[0])
-
-    def _prefill_together(self, chunks: list[PrefillChunk[Sequence]]) -> list[StepOutput]:
-        """Prefill whole prompts in one left-padded batch, then join each to the running batch."""
-        seqs = [c.sequence for c in chunks]
-        assert all(isinstance(seq, Sequence) for seq in seqs)
-        width = max(seq.prompt_len for seq in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, seq in enumerate(seqs):
-            ids[i, width - seq.prompt_len :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-            mask[i, width - seq.prompt_len :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        try:
-            logits, cache = self._forward(ids, mask, positions, new_cache())
-        except Exception as exc:
-            return [self._fail(seq, exc) for seq in seqs]
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        outputs = []
-        for i, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
-            self.scheduler.prefilled(chunk)
-            pad = width - seq.prompt_len
-            own = new_cache([(k[i : i + 1, :, pad:], v[i : i + 1, :, pad:]) for k, v in layers])
-            self.batch.join(seq.request_id, own, seq.prompt_len)
-            outputs.append(self._emit(seq, logits[i]))
         return outputs
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from handlers.generation.cache import BatchCache, new_cache
+from handlers.generation.cache import BatchCache
 from handlers.generation.detokenize import StopMatcher
 from handlers.generation.scheduler import EngineLimits, Scheduler
 
@@ -91,27 +91,40 @@ def test_stop_matcher_flushes_its_tail_when_the_sequence_ends_otherwise():
     assert m.flush() == "E"
 
 
-def _one(length: int, value: float) -> object:
+def _one(length: int, value: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
     t = torch.full((1, 2, length, 4), value)
-    return new_cache([(t, t.clone())])
+    return [(t, t.clone())]
 
 
-def test_the_batch_cache_pads_on_the_left_and_trims_on_leave():
+def test_the_batch_cache_keeps_rows_compact_and_writes_each_row_at_its_length():
     batch = BatchCache()
     batch.join("a", _one(3, 1.0), 3)
     batch.join("b", _one(5, 2.0), 5)
-    assert batch.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
-    assert batch.positions().tolist() == [[3], [5]]
-    keys = batch.cache.layers[0].keys
-    assert keys.shape == (2, 2, 5, 4) and keys[0, 0, :2].abs().sum() == 0
+    assert batch.positions().tolist() == [3, 5]
+    assert batch.step_mask()[:, 0, 0].tolist() == [
+        [True, True, True, True, False, False],  # a attends to its 3 positions and the new one
+        [True, True, True, True, True, True],
+    ]
+    batch.begin_step()
+    new = torch.stack([torch.full((2, 4), 7.0), torch.full((2, 4), 8.0)])
+    keys, _ = batch.write(0, new, new)
+    assert keys.shape == (2, 2, 6, 4)  # rows x heads x (longest row + the new column) x dim
+    assert keys[0, 0, :, 0].tolist()[:4] == [1.0, 1.0, 1.0, 7.0]  # a's new key at its length
+    assert keys[1, 0, :, 0].tolist() == [2.0] * 5 + [8.0]
+    batch.advanced()
+    assert batch.positions().tolist() == [4, 6]
     batch.join("c", _one(2, 3.0), 2)
-    assert batch.padded_tokens == 15
-    batch.leave({"b"})
-    assert batch.keys == ["a", "c"]
-    assert batch.mask.tolist() == [[1, 1, 1], [0, 1, 1]]  # the two all-padding columns went
-    assert batch.cache.layers[0].keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0]
-    batch.leave({"a", "c"})
-    assert len(batch) == 0 and batch.padded_tokens == 0
+    assert batch.padded_tokens == 18  # 3 rows x the longest row (6)
+    batch.leave({"a"})  # the last row moves into the hole
+    assert batch.keys == ["c", "b"] and batch.positions().tolist() == [2, 6]
+    assert batch.layers[0][0][0, 0, :2, 0].tolist() == [3.0, 3.0]
+    for _ in range(20):  # rows grow past the first capacity
+        batch.begin_step()
+        batch.write(0, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4))
+        batch.advanced()
+    assert batch.positions().tolist() == [22, 26] and batch.layers[0][0].shape[2] >= 27
+    batch.leave({"b", "c"})
+    assert len(batch) == 0 and batch.padded_tokens == 0 and batch.layers == []
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_enough_tokens():
