@@ -1,11 +1,14 @@
 """Finding and loading an archive's causal LM (a ``save_pretrained`` folder or a ``.gguf`` file).
 
 The handler's section of model-config.yaml (``handler:``) may name the model: ``model_path`` (a
-folder or a ``.gguf`` file, relative to the model directory) and ``dtype`` (``float32`` default on
-CPU, ``bfloat16``/``float16``). Without ``model_path`` the model directory itself is used when it
-holds a ``config.json``, else its one ``.gguf`` file. The engine's limits come from the same
-section: ``max_running_sequences``, ``max_cached_tokens``, ``max_model_len`` and
-``prefill_chunk_tokens``.
+folder or a ``.gguf`` file, relative to the model directory) and ``dtype``. Without
+``model_path`` the model directory itself is used when it holds a ``config.json``, else its one
+``.gguf`` file. ``dtype: auto`` (the default) is bfloat16 where the device computes it natively
+(a CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX), else float32, and float32 for a
+``.gguf`` file (transformers keeps its weights packed and computes them in float32); ``float32``,
+``bfloat16`` and ``float16`` choose. On this project's CPU bfloat16 halves the decode step and
+the prefill (docs/performance.md). The engine's limits come from the same section:
+``max_running_sequences``, ``max_cached_tokens``, ``max_model_len`` and ``prefill_chunk_tokens``.
 """
 
 from __future__ import annotations
@@ -43,13 +46,40 @@ def find_model(model_dir: str, config: dict) -> tuple[str, str | None]:
     )
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo is not readable)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def auto_dtype(device: Any, flags: set[str] | None = None) -> str:
+    """``bfloat16`` where ``device`` computes it natively, else ``float32``."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    flags = cpu_flags() if flags is None else flags
+    return "bfloat16" if any(flag in flags for flag in CPU_BF16_FLAGS) else "float32"
+
+
 def load_model(model_dir: str, config: dict, device: Any) -> tuple[Any, Any]:
     """The model (in eval mode, on ``device``) and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, gguf = find_model(model_dir, config)
-    dtype_name = str(config.get("dtype", "float32"))
+    dtype_name = str(config.get("dtype", "auto"))
+    if dtype_name == "auto":
+        dtype_name = "float32" if gguf else auto_dtype(device)
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):
         raise HandlerLoadError(f"text_generation: unknown dtype {dtype_name!r}")
