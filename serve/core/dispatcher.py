@@ -187,7 +187,15 @@ class Dispatcher:
         # a job it has not said for yet (or a worker that never says) is "unreported".
         reservations = getattr(worker, "reservations", None)
         reserved, reported = reservations() if callable(reservations) else (0, 0)
-        return WorkerView(worker_id, worker.state, running, reserved, max(0, running - reported))
+        expected = getattr(worker, "expected_reservation", None)
+        return WorkerView(
+            worker_id,
+            worker.state,
+            running,
+            reserved,
+            max(0, running - reported),
+            expected() if callable(expected) else None,
+        )
 
     async def _run(self, worker: Worker, jobs: list[Job]) -> None:
         if worker.state not in LIVE_STATES:

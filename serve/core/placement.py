@@ -38,6 +38,7 @@ class WorkerView:
     # its jobs whose reservation it reported, and how many of its jobs have not reported one yet.
     reserved_tokens: int = 0
     unreported: int = 0
+    expected_need: int | None = None  # what its unreported jobs are counted at, once it knows
 
 
 @dataclass(slots=True)

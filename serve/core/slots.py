@@ -12,11 +12,15 @@ reserves prompt + max_tokens positions, capped by ``max_model_len``, as the engi
 The frontend cannot count prompt tokens (no tokenizer here, and a chat template adds tokens the
 body does not show), so the worker reports each request's exact reservation in an ENGINE frame
 as soon as its reader thread has read and tokenized it, even while a step runs
-(`serve.wire.messages.EngineReport`); until then a request counts as the most one can reserve,
-``min(max_model_len, max_cached_tokens)``. So the frontend never sends more than the budget
-holds, and the requests beyond it wait in the dispatcher's queue (429 when full), not inside the
-engine; the price is that a burst goes out at most ``budget / max_model_len`` requests per round
-trip to the worker (a socket write and a tokenization: milliseconds, not a step).
+(`serve.wire.messages.EngineReport`). Until then a request counts as the largest of the worker's
+recent reservations (`WorkerProcess.expected_reservation`), or before the worker's first report
+as the most one can reserve, ``min(max_model_len, max_cached_tokens)``. Counting every
+unreported request at the most would send a burst out ``budget / max_model_len`` requests per
+step of the engine (8 at a time with SmolLM2's defaults: the rest of a burst of 16 waited a whole
+prefill step for their first token); counting it as what recent requests took sends the burst in
+one go. A request larger than the estimate waits inside the engine for cache room (its
+``waiting`` count) instead of in the dispatcher's queue; requests beyond the budget by the
+estimate wait in the dispatcher's queue (429 when full).
 
 Only the decision is new here: the queue, its deadlines, retries (none once an answer has begun
 to stream) and errors are plain batching's (`serve.core.batching.BatchPlacement`).
@@ -37,28 +41,29 @@ def plan_slots(
     waiting: int,
     free: Sequence[tuple[str, int]],
     tokens: Mapping[str, int] | None = None,
-    need: int = 0,
+    need: int | Mapping[str, int] = 0,
 ) -> list[str]:
     """The worker each of the ``waiting`` oldest requests goes to now, oldest first.
 
     ``free`` is (worker id, free slots) per worker in service. Each request goes to the worker
     with the most free slots (the first of them on a tie), so that load spreads; requests beyond
     the free slots wait. With ``tokens`` (worker id -> free KV-cache positions; a worker not in
-    it has no token budget), each request also takes ``need`` positions, and a worker with fewer
-    left takes no more.
+    it has no token budget), each request also takes ``need`` positions (one figure, or one per
+    worker), and a worker with fewer left takes no more.
     """
     room = {worker: slots for worker, slots in free if slots > 0}
     cache = dict(tokens or {})
+    needs = need if isinstance(need, Mapping) else {worker: need for worker in room}
     targets: list[str] = []
     while len(targets) < waiting:
-        fits = [w for w in room if w not in cache or cache[w] >= need]
+        fits = [w for w in room if w not in cache or cache[w] >= needs[w]]
         if not fits:
             break
         worker = max(fits, key=room.__getitem__)  # max keeps the first of equals
         targets.append(worker)
         room[worker] -= 1
         if worker in cache:
-            cache[worker] -= need
+            cache[worker] -= needs[worker]
         if room[worker] == 0:
             del room[worker]
     return targets
@@ -95,11 +100,13 @@ class SlotPlacement(BatchPlacement):
         if model_len and model_len > 0:
             self.max_model_len = int(model_len)
 
-    def unreported_need(self) -> int:
-        """What a request counts against the cache budget until its worker reports it: the
-        most one can reserve (never more than the budget, so an idle worker always takes one)."""
+    def unreported_need(self, expected: int | None = None) -> int:
+        """What a request counts against a worker's cache budget until the worker reports it:
+        ``expected`` (the worker's recent reservations), else the most one can reserve; never
+        more than the budget, so an idle worker always takes one."""
         budget = self.max_cached_tokens or 0
-        return min(self.max_model_len or budget, budget)
+        most = min(self.max_model_len or budget, budget)
+        return max(1, min(expected, most)) if expected else most
 
     def per_worker(self, settings: ModelSettings) -> int:
         return max(1, self.slots or settings.batch_size)
@@ -109,10 +116,12 @@ class SlotPlacement(BatchPlacement):
         live = [w for w in workers if w.state in LIVE_STATES]
         free = [(w.worker_id, budget - w.running) for w in live]
         tokens: dict[str, int] | None = None
-        need = self.unreported_need()
+        need = {w.worker_id: self.unreported_need(w.expected_need) for w in live}
         if self.max_cached_tokens:
             tokens = {
-                w.worker_id: self.max_cached_tokens - w.reserved_tokens - w.unreported * need
+                w.worker_id: self.max_cached_tokens
+                - w.reserved_tokens
+                - w.unreported * need[w.worker_id]
                 for w in live
             }
         plan = Plan()

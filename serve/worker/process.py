@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -44,6 +45,8 @@ model_logger = logging.getLogger("serve.worker")
 
 # sun_path holds 108 bytes on Linux, the terminating NUL included.
 SOCKET_PATH_MAX = 107
+# How many of an engine's latest reservations its expected one is the largest of.
+RECENT_RESERVATIONS = 32
 
 
 class WorkerStartFailed(ServeError):
@@ -96,6 +99,7 @@ class WorkerProcess:
         # the cache positions each of its requests in flight reserves, once it said.
         self.engine_stats: dict[str, int] = {}
         self._reserved: dict[int, int] = {}
+        self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_RESERVATIONS)
         self.on_reservations: Callable[[], None] | None = None  # called when some arrive
         # Large request bodies go through a shared-memory arena (serve/wire/shm.py); 0: inline only.
         self.arena_bytes = arena_bytes
@@ -272,6 +276,7 @@ class WorkerProcess:
         if report.stats:  # a report of reservations alone carries none
             self.engine_stats = report.stats
         for seq, tokens in report.reserved.items():
+            self._recent.append(tokens)
             if seq in self._pending:  # not one answered (or cancelled) meanwhile
                 self._reserved[seq] = tokens
         if report.reserved and self.on_reservations is not None:
@@ -279,8 +284,13 @@ class WorkerProcess:
 
     def reservations(self) -> tuple[int, int]:
         """(cache positions reserved, requests) over the requests in flight whose reservation
-        the engine reported; slot placement counts the others at the most one can take."""
+        the engine reported; slot placement estimates the others (`expected_reservation`)."""
         return sum(self._reserved.values()), len(self._reserved)
+
+    def expected_reservation(self) -> int | None:
+        """The largest of the engine's last `RECENT_RESERVATIONS` reservations (None before
+        its first): what slot placement counts a request at until the engine reports it."""
+        return max(self._recent) if self._recent else None
 
     async def _pipe_log(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:

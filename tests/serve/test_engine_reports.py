@@ -39,10 +39,12 @@ def test_reports_fill_the_counts_and_the_reservations_of_requests_in_flight(
         worker._pending = {5: loop.create_future(), 6: sixth}
         reader = asyncio.StreamReader()
         task = asyncio.create_task(worker._read_results(reader, FrameDecoder()))
+        assert worker.expected_reservation() is None  # before any report: placement's worst
         # 9 was answered (or cancelled) before its report came: it is not counted
         reader.feed_data(encode_bytes(encode_engine_report(EngineReport(STATS, {5: 100, 9: 7}))))
         await until(lambda: worker.engine_stats == STATS)
         assert worker.reservations() == (100, 1) and woken == [True]
+        assert worker.expected_reservation() == 100  # the largest recent one, answered or not
         reader.feed_data(encode_bytes(encode_engine_report(EngineReport({**STATS, "steps": 3}))))
         await until(lambda: worker.engine_stats.get("steps") == 3)
         assert woken == [True]  # counts alone change no placement
@@ -53,6 +55,7 @@ def test_reports_fill_the_counts_and_the_reservations_of_requests_in_flight(
         assert worker.reservations() == (0, 0)  # its answer frees its reservation
         reader.feed_data(encode_bytes(encode_engine_report(EngineReport({}, {6: 40}))))
         await until(lambda: worker.reservations() == (40, 1))
+        assert worker.expected_reservation() == 100
         assert worker.engine_stats["steps"] == 3  # reservations alone keep the last counts
         reader.feed_eof()  # the worker is gone
         await asyncio.wait_for(task, 10)

@@ -95,6 +95,40 @@ def test_slot_placement_counts_the_cache_budget_the_worker_reported(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("expected_need", "views", "sent"),
+    [
+        (None, (0, 0, 0), 4),  # no report yet: 4096 / 1024, the most one can take
+        (44, (0, 0, 0), 8),  # recent requests took 44: the burst goes at once (8 slots)
+        (44, (6, 3800, 0), 2),  # 296 left: two more of 44 fit in the budget beside six reported
+        (44, (6, 3800, 6), 0),  # six sent, unreported at 44 each: 4096 - 3800 - 264 < 44
+        (5000, (0, 0, 0), 4),  # never counted above the most one can take (max_model_len)
+    ],
+)
+def test_unreported_requests_count_as_what_the_worker_recently_reserved(
+    expected_need: int | None, views: tuple[int, int, int], sent: int
+) -> None:
+    async def scenario() -> None:
+        placement = SlotPlacement(100)
+        placement.learn({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024})
+        for job in [_job() for _ in range(10)]:
+            placement.admit(job)
+        running, reserved, unreported = views
+        view = WorkerView("w0", WorkerState.READY, running, reserved, unreported, expected_need)
+        plan = placement.plan([view], 0.0, ModelSettings())
+        assert sum(len(jobs) for _, jobs in plan.batches) == min(sent, 8 - running)
+
+    asyncio.run(scenario())
+
+
+def test_plan_slots_takes_a_need_per_worker() -> None:
+    free = [("a", 4), ("b", 4)]
+    # a's requests count 100 of its 250, b's 10 of its 30: a takes 2, b takes 3
+    assert sorted(plan_slots(8, free, {"a": 250, "b": 30}, {"a": 100, "b": 10})) == [
+        "a", "a", "b", "b", "b",
+    ]  # fmt: skip
+
+
 _ids = itertools.count()
 
 
