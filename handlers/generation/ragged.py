@@ -126,11 +126,16 @@ def attend(
     out = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
     rows = plan.rows
     if rows:
-        q = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, d)
+        heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
         k, v = plan.batch.write(
             layer, key[0, :, :rows].transpose(0, 1), value[0, :, :rows].transpose(0, 1)
         )
-        out[0, :rows] = _sdpa(q, k, v, plan.decode_mask, scaling, softcap)[:, :, 0]
+        # Each key/value head's query heads go where the query positions would be, so that
+        # attention needs no grouped-query expansion (SDPA's enable_gqa was 5x slower here in
+        # bfloat16 for one query per row: 1.07 against 0.20 ms a layer at 32 rows).
+        q = query[0, :, :rows].transpose(0, 1).reshape(rows, kv_heads, heads // kv_heads, dim)
+        result = _sdpa(q, k, v, plan.decode_mask, scaling, softcap)
+        out[0, :rows] = result.reshape(rows, heads, dim)
     for chunk in plan.chunks:
         span = slice(chunk.offset, chunk.offset + chunk.length)
         k, v = key[:, :, span], value[:, :, span]
