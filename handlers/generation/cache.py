@@ -48,9 +48,13 @@ class BatchCache:
         """Each row's next position id, shape ``(rows,)``."""
         return torch.tensor(self.lengths, dtype=torch.long)
 
-    def step_mask(self) -> torch.Tensor:
+    def step_mask(self) -> torch.Tensor | None:
         """Which columns each row's new token attends to (its own and the ones before), shape
-        ``(rows, 1, 1, width)``, for one more token per row."""
+        ``(rows, 1, 1, width)``, for one more token per row; None when every row attends to
+        every column (rows of one length: a single sequence, or a batch that started together),
+        which lets attention run without a mask."""
+        if not self.lengths or min(self.lengths) == max(self.lengths):
+            return None
         columns = torch.arange(self.width)
         return (columns[None, :] <= self.positions()[:, None])[:, None, None, :]
 

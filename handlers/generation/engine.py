@@ -81,15 +81,20 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
 
 
 def model_context_length(model: Any) -> int | None:
-    """The longest sequence the model's positions allow, when its config says."""
+    """The longest sequence the model's positions allow, when its config says; a model with
+    sliding-window attention in use is capped at its window (the engine's attention is the full
+    one, which is the same inside the window)."""
     config = (
         model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     )
+    window = getattr(config, "sliding_window", None)
+    if not getattr(config, "use_sliding_window", True) or not isinstance(window, int) or window < 1:
+        window = None
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
-            return value
-    return None
+            return min(value, window) if window else value
+    return window
 
 
 class Engine:
@@ -237,7 +242,7 @@ class Engine:
             positions += range(chunk.start, chunk.end)
             last.append(len(ids) - 1)
         self.batch.begin_step()
-        plan = StepPlan(len(rows), self.batch, states, self.batch.step_mask() if rows else None)
+        plan = StepPlan(len(rows), self.batch, states, self.batch.step_mask())
         keep = torch.tensor(list(range(len(rows))) + last, dtype=torch.long)
         try:
             logits = self._forward(

@@ -63,9 +63,9 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 def auto_dtype(device: Any, flags: set[str] | None = None) -> str:
     """``bfloat16`` where ``device`` computes it natively, else ``float32``."""
-    import torch
+    if str(device).startswith("cuda"):
+        import torch
 
-    if torch.device(device).type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     flags = cpu_flags() if flags is None else flags
     return "bfloat16" if any(flag in flags for flag in CPU_BF16_FLAGS) else "float32"

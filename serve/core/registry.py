@@ -335,8 +335,10 @@ class Registry:
             )
             model.thread_budget = self.thread_budget
             model.spares = self.spares
-            # The next spares preload what its workers will import (serve/worker/frameworks.py).
-            self.spares.expect(model.frameworks())
+            # The next spares preload what its workers will import (serve/worker/frameworks.py);
+            # a generative engine's workers start cold (`ModelVersion.worker_env`) and need none.
+            if not model.runs_engine:
+                self.spares.expect(model.frameworks())
             if entry is None:
                 entry = self.models[name] = ModelEntry(name, default_version=version)
             entry.versions[version] = model

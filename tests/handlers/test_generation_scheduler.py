@@ -99,9 +99,11 @@ def _one(length: int, value: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_the_batch_cache_keeps_rows_compact_and_writes_each_row_at_its_length():
     batch = BatchCache()
     batch.join("a", _one(3, 1.0), 3)
+    assert batch.step_mask() is None  # one row sees every column: no mask needed
     batch.join("b", _one(5, 2.0), 5)
     assert batch.positions().tolist() == [3, 5]
-    assert batch.step_mask()[:, 0, 0].tolist() == [
+    mask = batch.step_mask()
+    assert mask is not None and mask[:, 0, 0].tolist() == [
         [True, True, True, True, False, False],  # a attends to its 3 positions and the new one
         [True, True, True, True, True, True],
     ]

@@ -1,0 +1,45 @@
+"""A generative engine's workers keep OpenMP's own wait policy and start cold; others get
+``OMP_WAIT_POLICY=PASSIVE`` and may take a spare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serve.config import Config, ModelSettings
+from serve.core.model import ModelSource, ModelVersion, spawn_worker
+from serve.core.pool import WorkerSlot
+
+
+def version(tmp_path: Path, handler: str) -> ModelVersion:
+    manifest = {"model": {"handler": handler}}
+    source = ModelSource("m.mar", tmp_path, manifest, {"minWorkers": 1}, handler)
+    return ModelVersion("m", "1.0", source, ModelSettings(), Config(), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("handler", "policy", "spare"),
+    [("text_generation", None, False), ("image_classifier", "PASSIVE", True)],
+)
+def test_the_wait_policy_and_spares_by_handler(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    handler: str,
+    policy: str | None,
+    spare: bool,
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    model = version(tmp_path, handler)
+    assert model.worker_env().get("OMP_WAIT_POLICY") == policy
+    assert model.worker_env()["OMP_NUM_THREADS"] == str(model.threads_per_worker())
+    model.expected_frameworks = ["torch"]  # what the archive's handler imports
+    worker = spawn_worker(model, WorkerSlot(0, "m_1.0-w0", None))
+    assert worker.use_spare is spare
+
+
+def test_a_wait_policy_the_server_was_given_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert version(tmp_path, "text_generation").worker_env()["OMP_WAIT_POLICY"] == "ACTIVE"
