@@ -105,7 +105,7 @@ def tree(pid: int) -> list[int]:
 
 async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     queue: asyncio.Queue[str] = asyncio.Queue()
-    for i in range(max(args.requests, concurrency)):
+    for i in range(max(args.requests, args.waves * concurrency)):
         queue.put_nowait(PROMPTS[i % len(PROMPTS)])
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -125,7 +125,9 @@ async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     return summarise(samples, concurrency, elapsed, cpu)
 
 
-def floor(model_dir: str, requests: int, max_tokens: int, threads: int) -> dict[str, Any]:
+def floor(
+    model_dir: str, requests: int, max_tokens: int, threads: int, dtype: str = "auto"
+) -> dict[str, Any]:
     """The floor: one ``generate`` call per request, one at a time, in this process (greedy,
     fixed length); time to first token from a 1-token ``generate``, the rest per token."""
     import torch
@@ -133,7 +135,7 @@ def floor(model_dir: str, requests: int, max_tokens: int, threads: int) -> dict[
     from handlers.generation.loading import load_model
 
     torch.set_num_threads(threads)
-    model, tokenizer = load_model(model_dir, {}, torch.device("cpu"))
+    model, tokenizer = load_model(model_dir, {"dtype": dtype}, torch.device("cpu"))
     ttfts, gaps, tokens = [], [], 0
     started = time.perf_counter()
     for i in range(requests):
@@ -169,8 +171,16 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (--floor, --raw)"
     )
+    parser.add_argument("--dtype", default="auto", help="the model's dtype (--floor, --raw)")
     parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--requests", type=int, default=32, help="requests per level")
+    parser.add_argument("--requests", type=int, default=32, help="requests per level (at least)")
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=1,
+        help="at least this many requests per stream at each level (more: less of the run is "
+        "the first burst's prefill and the last requests' tail)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument(
         "--length",
@@ -188,10 +198,11 @@ def main() -> None:
         from bench.llm_raw import raw
 
         batches = [int(c) for c in args.concurrency.split(",")]
-        print(json.dumps(raw(args.raw, batches, args.steps, args.threads, PROMPTS[0])), flush=True)
+        levels = raw(args.raw, batches, args.steps, args.threads, PROMPTS[0], args.dtype)
+        print(json.dumps(levels), flush=True)
         return
     if args.floor:
-        result = floor(args.floor, args.requests, args.max_tokens, args.threads)
+        result = floor(args.floor, args.requests, args.max_tokens, args.threads, args.dtype)
         print(json.dumps(result), flush=True)
         return
     if not args.url or not args.model:

@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.llm_stats import table
 from bench.server import REPO, LanternProcess
+from handlers.generation.loading import auto_dtype
 
 
 def free_port() -> int:
@@ -61,6 +62,7 @@ def drive(
         sys.executable, "-m", "bench.llm", "--url", url, "--model", model,
         "--concurrency", args.concurrency, "--requests", str(args.requests),
         "--max-tokens", str(args.max_tokens), "--length", length, "--pid", str(pid),
+        "--waves", str(args.waves),
         "--json", str(out),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=REPO)
@@ -92,7 +94,7 @@ def run_lantern(args: argparse.Namespace, work: Path) -> list[Any]:
 def run_transformers(args: argparse.Namespace, work: Path, folder: Path) -> list[Any]:
     port = free_port()
     exe = Path(sys.executable).with_name("transformers")
-    cmd = [str(exe), "serve", str(folder), "--continuous-batching", "--dtype", "float32",
+    cmd = [str(exe), "serve", str(folder), "--continuous-batching", "--dtype", args.dtype,
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     proc = spawn(cmd, work / "transformers.log")
     try:
@@ -120,7 +122,7 @@ def run_llamacpp(args: argparse.Namespace, work: Path, gguf: Path) -> list[Any]:
 
 def in_process(mode: str, folder: Path, args: argparse.Namespace, extra: list[str]) -> Any:
     cmd = [sys.executable, "-m", "bench.llm", mode, str(folder), "--threads", str(args.threads),
-           "--max-tokens", str(args.max_tokens), *extra]  # fmt: skip
+           "--max-tokens", str(args.max_tokens), "--dtype", args.dtype, *extra]  # fmt: skip
     done = subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -151,7 +153,14 @@ def main() -> None:
     parser.add_argument("--llamacpp-python", help="a python with llama-cpp-python[server]")
     parser.add_argument("--servers", default="lantern,transformers,llamacpp")
     parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=16, help="per level, at least")
+    parser.add_argument("--waves", type=int, default=4, help="requests per stream, at least")
+    parser.add_argument(
+        "--dtype",
+        default=auto_dtype("cpu"),
+        help="for transformers serve, the floor and the raw step (default: what Lantern's "
+        "dtype: auto is on this CPU, which Lantern's archive takes)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--start-timeout", type=float, default=600)

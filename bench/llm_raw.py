@@ -33,7 +33,7 @@ def decode_steps(model: Any, prompt_ids: Any, batch: int, steps: int) -> list[fl
 
 
 def raw(
-    model_dir: str, batches: list[int], steps: int, threads: int, prompt: str
+    model_dir: str, batches: list[int], steps: int, threads: int, prompt: str, dtype: str = "auto"
 ) -> dict[str, Any]:
     """Per batch size: the decode step's p50 and tokens/s (``batch / p50``)."""
     import torch
@@ -41,7 +41,7 @@ def raw(
     from handlers.generation.loading import load_model
 
     torch.set_num_threads(threads)
-    model, tokenizer = load_model(model_dir, {}, torch.device("cpu"))
+    model, tokenizer = load_model(model_dir, {"dtype": dtype}, torch.device("cpu"))
     prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
     levels = []
     for batch in batches:
@@ -56,4 +56,4 @@ def raw(
                 "tokens_per_s": batch / p50,
             }
         )
-    return {"raw": True, "threads": threads, "steps": steps, "levels": levels}
+    return {"raw": True, "threads": threads, "steps": steps, "dtype": dtype, "levels": levels}
