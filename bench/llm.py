@@ -198,7 +198,16 @@ def main() -> None:
         from bench.llm_raw import raw
 
         batches = [int(c) for c in args.concurrency.split(",")]
-        levels = raw(args.raw, batches, args.steps, args.threads, PROMPTS[0], args.dtype)
+        levels = raw(
+            args.raw,
+            batches,
+            args.steps,
+            args.threads,
+            PROMPTS[0],
+            args.dtype,
+            prompts=PROMPTS,
+            max_tokens=args.max_tokens,
+        )
         print(json.dumps(levels), flush=True)
         return
     if args.floor:

@@ -186,9 +186,13 @@ def main() -> None:
     results |= {"servers": servers, "floor": floor, "raw": [raw_before, raw_after]}
     results["load_after"] = os.getloadavg()
     raw_tps: dict[int, float] = {}
+    answers: dict[int, float] = {}
     for lv in raw_before["levels"] + raw_after["levels"]:
-        raw_tps[int(lv["batch"])] = max(raw_tps.get(int(lv["batch"]), 0.0), lv["tokens_per_s"])
-    print("\n".join(table(servers, raw_tps)))
+        batch = int(lv["batch"])
+        raw_tps[batch] = max(raw_tps.get(batch, 0.0), lv["tokens_per_s"])
+        if "answers_tokens_per_s" in lv:
+            answers[batch] = max(answers.get(batch, 0.0), lv["answers_tokens_per_s"])
+    print("\n".join(table(servers, raw_tps, answers=answers)))
     print(f"floor: {json.dumps(floor)}")
     print(f"raw before: {json.dumps(raw_before['levels'])}")
     print(f"raw after: {json.dumps(raw_after['levels'])}")

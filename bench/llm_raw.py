@@ -3,7 +3,13 @@
 For each batch size, ``batch`` copies of one prompt are prefilled together into a
 ``DynamicCache``, then ``steps`` decode steps of shape ``(batch, 1)`` are timed (greedy, the
 argmax fed back, as the engine's step does). Tokens/s is ``batch`` over the median step time;
-no HTTP, no tokenizer on the way out, no scheduling: what a server could reach at most.
+no HTTP, no tokenizer on the way out, no scheduling, no prefill: what a server could reach at
+most while every stream decodes.
+
+A server's streams also need their prompts prefilled, which at short answers is a real share of
+the work. ``answers_tokens_per_s`` is that limit: the bench's own prompts, ``batch`` at a time,
+answered whole by one batched greedy ``generate`` (left-padded prefill, then ``max_tokens``
+tokens each), in this process.
 """
 
 from __future__ import annotations
@@ -32,8 +38,37 @@ def decode_steps(model: Any, prompt_ids: Any, batch: int, steps: int) -> list[fl
     return times
 
 
+def answer_batch(model: Any, tokenizer: Any, prompts: list[str], max_tokens: int) -> float:
+    """Seconds to answer ``prompts`` together with ``max_tokens`` tokens each (greedy)."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            **batch,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    elapsed = time.perf_counter() - started
+    assert out.shape[1] - batch.input_ids.shape[1] == max_tokens
+    return elapsed
+
+
 def raw(
-    model_dir: str, batches: list[int], steps: int, threads: int, prompt: str, dtype: str = "auto"
+    model_dir: str,
+    batches: list[int],
+    steps: int,
+    threads: int,
+    prompt: str,
+    dtype: str = "auto",
+    prompts: list[str] | None = None,
+    max_tokens: int = 32,
 ) -> dict[str, Any]:
     """Per batch size: the decode step's p50 and tokens/s (``batch / p50``)."""
     import torch
@@ -48,12 +83,16 @@ def raw(
         decode_steps(model, prompt_ids, batch, 4)  # warm the kernels at this shape
         times = decode_steps(model, prompt_ids, batch, steps)
         p50 = statistics.median(times)
-        levels.append(
-            {
-                "batch": batch,
-                "step_p50_s": p50,
-                "step_min_s": min(times),
-                "tokens_per_s": batch / p50,
-            }
-        )
+        level = {
+            "batch": batch,
+            "step_p50_s": p50,
+            "step_min_s": min(times),
+            "tokens_per_s": batch / p50,
+        }
+        if prompts:
+            group = [prompts[i % len(prompts)] for i in range(batch)]
+            answer_batch(model, tokenizer, group, 2)  # warm
+            seconds = min(answer_batch(model, tokenizer, group, max_tokens) for _ in range(2))
+            level["answers_tokens_per_s"] = batch * max_tokens / seconds
+        levels.append(level)
     return {"raw": True, "threads": threads, "steps": steps, "dtype": dtype, "levels": levels}

@@ -96,10 +96,13 @@ def table(
     servers: Mapping[str, Sequence[Mapping[str, Any]]],
     raw: Mapping[int, float] | None = None,
     baseline: str = "lantern",
+    answers: Mapping[int, float] | None = None,
 ) -> list[str]:
     """Markdown: one column per server and concurrency, one row per figure, then the ratios of
-    ``baseline``'s tokens/s and TTFT p99 to each other server's, and to the raw batched forward
-    (``raw``: batch size -> tokens/s) at the same concurrency."""
+    ``baseline``'s tokens/s and TTFT p99 to each other server's, to the raw batched forward
+    (``raw``: batch size -> tokens/s of the decode step) and to whole answers generated in one
+    batch in-process (``answers``: batch size -> tokens/s, prefill included), at the same
+    concurrency."""
     levels = sorted({r["concurrency"] for rs in servers.values() for r in rs})
     by = {name: {r["concurrency"]: r for r in rs} for name, rs in servers.items()}
     heads = [f"{name} c={c}" for name in servers for c in levels if c in by[name]]
@@ -130,6 +133,9 @@ def table(
         step = {c: c / tps for c, tps in raw.items() if tps}
         cells = [_ratio(_get(base, c, "itl_p50_s"), step.get(c)) for c in levels]
         lines.append("| ITL p50 vs raw step | " + " | ".join(cells) + " |")
+    if answers:
+        cells = [_ratio(_get(base, c, "output_tokens_per_s"), answers.get(c)) for c in levels]
+        lines.append("| tok/s vs raw whole answers | " + " | ".join(cells) + " |")
     return lines
 
 

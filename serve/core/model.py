@@ -71,8 +71,10 @@ def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
         model.worker_spec(slot),
         model.socket_dir,
         env=model.worker_env(),
-        spares=model.spares,
-        use_spare=model.loads_torch() and not model.runs_engine,
+        # A generative engine's worker starts cold (`ModelVersion.worker_env`), and what it
+        # imports teaches the spares nothing: no spare is made for it.
+        spares=None if model.runs_engine else model.spares,
+        use_spare=model.loads_torch(),
         arena_bytes=config.worker_shm_arena_mb << 20,
         arena_threshold=config.worker_shm_threshold_kb << 10,
     )

@@ -176,7 +176,7 @@ class WorkerProcess:
             if isinstance(loaded, LoadFailed):
                 raise WorkerStartFailed(str(loaded))
             self.modules = loaded.modules
-            if self.spares is not None and self.use_spare:  # a cold-only worker teaches none
+            if self.spares is not None:
                 self.spares.learn(self.modules)
             self.warmup = loaded.warmup  # requests, batches, seconds
             self.gpu_memory = loaded.gpu_memory

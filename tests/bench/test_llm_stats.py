@@ -64,7 +64,7 @@ def test_table_has_a_column_per_server_level_and_ratios() -> None:
         "lantern": [_level(1, 20.0, 0.1, 0.05), _level(16, 160.0, 0.5, 0.1)],
         "peer": [_level(1, 10.0, 0.2, 0.1), _level(16, 80.0, 2.0, 0.2)],
     }
-    lines = table(servers, raw={1: 25.0, 16: 200.0})
+    lines = table(servers, raw={1: 25.0, 16: 200.0}, answers={1: 22.0, 16: 320.0})
     assert lines[0] == "| | lantern c=1 | lantern c=16 | peer c=1 | peer c=16 |"
     assert lines[2] == "| output tok/s | 20.0 | 160.0 | 10.0 | 80.0 |"
     assert "| TTFT p50/p99 ms | - / 100 | - / 500 | - / 200 | - / 2000 |" in lines
@@ -73,6 +73,7 @@ def test_table_has_a_column_per_server_level_and_ratios() -> None:
     assert "| tok/s vs raw forward | 0.80x | 0.80x |" in lines
     # the raw step at batch 16 is 16 / 200 = 80 ms; Lantern's gap 100 ms is 1.25x of it
     assert "| ITL p50 vs raw step | 1.25x | 1.25x |" in lines
+    assert "| tok/s vs raw whole answers | 0.91x | 0.50x |" in lines
 
 
 def test_table_without_the_baseline_has_no_ratios() -> None:

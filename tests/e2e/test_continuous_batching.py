@@ -55,7 +55,13 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterato
         store,
         "tg",
         "text_generation",
-        config={**COMMON, "continuousBatching": True, "handler": {"prefill_chunk_tokens": 64}},
+        config={
+            **COMMON,
+            "continuousBatching": True,
+            # float32: its tokens are compared one for one with a float32 `generate` (the
+            # handler's auto dtype is bfloat16 on a CPU that computes it natively)
+            "handler": {"prefill_chunk_tokens": 64, "dtype": "float32"},
+        },
         extra_files=files,
     )
     build_archive(

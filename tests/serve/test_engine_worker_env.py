@@ -10,6 +10,7 @@ import pytest
 from serve.config import Config, ModelSettings
 from serve.core.model import ModelSource, ModelVersion, spawn_worker
 from serve.core.pool import WorkerSlot
+from serve.worker.spares import SparePool
 
 
 def version(tmp_path: Path, handler: str) -> ModelVersion:
@@ -34,8 +35,9 @@ def test_the_wait_policy_and_spares_by_handler(
     assert model.worker_env().get("OMP_WAIT_POLICY") == policy
     assert model.worker_env()["OMP_NUM_THREADS"] == str(model.threads_per_worker())
     model.expected_frameworks = ["torch"]  # what the archive's handler imports
+    model.spares = SparePool(1, {})  # the server's (never started here)
     worker = spawn_worker(model, WorkerSlot(0, "m_1.0-w0", None))
-    assert worker.use_spare is spare
+    assert (worker.spares is not None) is spare
 
 
 def test_a_wait_policy_the_server_was_given_is_kept(
