@@ -5,8 +5,9 @@ running sequences, row ``i`` for ``keys[i]``, its positions from column 0 up to 
 rest of the row is unused and masked out). A decode step writes each row's new key at its own
 length (`write`), so nothing is copied per step; a joining sequence is written into the next free
 row; a leaving one is replaced by the last row, so the rows stay compact. The tensors grow by
-doubling (rows up to what joins, columns up to the longest row) and are freed when the batch
-empties. ``padded_tokens`` counts the positions attention reads: rows x the longest row.
+doubling rows and by half again the columns (up to the longest row) and are freed when the
+batch empties or shrink when the longest row left or most rows did. ``padded_tokens`` counts the
+positions attention reads: rows x the longest row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from __future__ import annotations
 import torch
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), ``(b, h, n, d)``
+
+
+def _more(columns: int) -> int:
+    """Columns to grow to from ``columns``: half as many again, at least 64 more (a copy every
+    few dozen steps at most, and at most a third of the columns unused)."""
+    return columns + max(64, columns // 2)
 
 
 def _grown(t: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
@@ -64,7 +71,7 @@ class BatchCache:
         self._columns = self.positions()
         if self.layers and self.width > self.layers[0][0].shape[2]:
             rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
-            self._resize(rows, max(self.width, 2 * columns))
+            self._resize(rows, max(self.width, _more(columns)))
 
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
@@ -86,11 +93,12 @@ class BatchCache:
         row = len(self.keys)
         if not self.layers:
             self.layers = [
-                (_grown(k[:0], 4, 2 * length), _grown(v[:0], 4, 2 * length)) for k, v in layers
+                (_grown(k[:0], 4, _more(length)), _grown(v[:0], 4, _more(length)))
+                for k, v in layers
             ]
         rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
         if row >= rows or length + 1 > columns:
-            self._resize(2 * rows if row >= rows else rows, max(columns, 2 * length))
+            self._resize(2 * rows if row >= rows else rows, max(columns, _more(length)))
         for (k, v), (jk, jv) in zip(self.layers, layers, strict=True):
             k[row, :, :length] = jk[0, :, :length]
             v[row, :, :length] = jv[0, :, :length]
@@ -111,6 +119,16 @@ class BatchCache:
             self.lengths.pop()
         if not self.keys:
             self.layers = []
+            return
+        rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
+        longest = max(self.lengths)
+        if columns > 3 * _more(longest) or rows > 4 * len(self.keys) >= 4:
+            # a long sequence left (or most rows did): give the memory back
+            self._resize(max(4, 2 * len(self.keys)), _more(longest))
 
     def _resize(self, rows: int, columns: int) -> None:
-        self.layers = [(_grown(k, rows, columns), _grown(v, rows, columns)) for k, v in self.layers]
+        n, width = len(self.keys), max(self.lengths, default=0)
+        self.layers = [
+            (_grown(k[:n, :, :width], rows, columns), _grown(v[:n, :, :width], rows, columns))
+            for k, v in self.layers
+        ]

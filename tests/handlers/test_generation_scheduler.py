@@ -125,6 +125,11 @@ def test_the_batch_cache_keeps_rows_compact_and_writes_each_row_at_its_length():
         batch.write(0, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4))
         batch.advanced()
     assert batch.positions().tolist() == [22, 26] and batch.layers[0][0].shape[2] >= 27
+    batch.join("long", _one(400, 4.0), 400)
+    assert batch.layers[0][0].shape[2] >= 401
+    batch.leave({"long"})  # the memory it took is given back
+    assert batch.layers[0][0].shape[2] < 200 and batch.positions().tolist() == [22, 26]
+    assert batch.layers[0][0][1, 0, :26, 0].tolist() == [2.0] * 5 + [8.0] + [0.0] * 20
     batch.leave({"b", "c"})
     assert len(batch) == 0 and batch.padded_tokens == 0 and batch.layers == []
 
