@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench import procstat
 from bench.llm_stats import Sample, percentile, summarise
@@ -42,7 +42,7 @@ PROMPTS = [
 ]
 
 
-async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) -> Sample:
+async def one(client: aiohttp.ClientSession, args: argparse.Namespace, prompt: str) -> Sample:
     body: dict[str, Any] = {
         "model": args.model,
         "prompt": prompt,
@@ -56,12 +56,13 @@ async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) 
     started = time.perf_counter()
     last = started
     try:
-        async with client.stream("POST", f"{args.url}/completions", json=body) as resp:
-            if resp.status_code != 200:
-                sample.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
+        async with client.post(f"{args.url}/completions", json=body) as resp:
+            if resp.status != 200:
+                sample.error = f"{resp.status}: {(await resp.read())[:200]!r}"
                 return sample
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for raw in resp.content:  # one SSE line at a time
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
@@ -74,7 +75,7 @@ async def one(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str) 
                 else:
                     sample.gaps.append(now - last)
                 last = now
-    except httpx.HTTPError as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         sample.error = f"{type(exc).__name__}: {exc}"
     return sample
 
@@ -108,9 +109,12 @@ async def level(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     for i in range(max(args.requests, args.waves * concurrency)):
         queue.put_nowait(PROMPTS[i % len(PROMPTS)])
     samples: list[Sample] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency + 4)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=headers
+    ) as client:
 
         async def worker() -> None:
             while not queue.empty():
