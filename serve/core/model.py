@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -141,6 +142,9 @@ class ModelVersion:
         # The server-wide intra-op thread budget (set by the registry); None: this version's
         # cores are divided among its own workers only.
         self.thread_budget: ThreadBudget | None = None
+        # Whether any model of the server has requests in flight (set by the registry); a cold
+        # start imports its frameworks at `worker_start_nice` only then (`start_nice`).
+        self.server_busy: Callable[[], bool] = lambda: True
         # Warm spare interpreters shared by the server (set by the registry); None: cold starts.
         self.spares: SparePool | None = None
         # What its handler imports as it loads, read off the archive: its first worker, and the
@@ -302,12 +306,20 @@ class ModelVersion:
             dependency_path=(
                 str(self.source.dependency_path) if self.source.dependency_path else None
             ),
-            # A cold start of a model known to use torch & co. imports them at low priority.
+            # A cold start of a model known to use torch & co. imports them first (`preload`).
             preload=self.frameworks(),
-            start_nice=self.config.worker_start_nice,
+            start_nice=self.start_nice(),
             server_version=__version__,
             envelope=self.config.service_envelope or None,
         )
+
+    def start_nice(self) -> int:
+        """The nice value a cold worker imports its frameworks at: `worker_start_nice` while
+        the server serves requests (a start must not slow them), else 0 — nothing would gain
+        from the wait, and under other processes' load a nice-10 torch import took 30-80 s
+        against ~2 s (docs/performance.md, scale-up). Spares always import at
+        `worker_start_nice`: nobody waits for them."""
+        return self.config.worker_start_nice if self.server_busy() else 0
 
     def threads_per_worker(self) -> int:
         if self.settings.num_threads:

@@ -158,6 +158,10 @@ class Registry:
     def all_versions(self) -> list[ModelVersion]:
         return [mv for entry in self.models.values() for mv in entry.versions.values()]
 
+    def busy(self) -> bool:
+        """Whether any model version has requests in flight (dispatched or queued)."""
+        return any(version.dispatcher.in_flight for version in self.all_versions())
+
     def is_healthy(self) -> bool:
         """Every model's default version has its minimum number of workers ready."""
         return all(entry.default.is_healthy() for entry in self.models.values())
@@ -334,6 +338,7 @@ class Registry:
                 worker_factory=self.worker_factory,
             )
             model.thread_budget = self.thread_budget
+            model.server_busy = self.busy
             model.spares = self.spares
             # The next spares preload what its workers will import (serve/worker/frameworks.py);
             # a generative engine's workers start cold (`ModelVersion.worker_env`) and need none.
