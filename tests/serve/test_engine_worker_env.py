@@ -34,7 +34,7 @@ def test_the_wait_policy_and_spares_by_handler(
     model = version(tmp_path, handler)
     assert model.worker_env().get("OMP_WAIT_POLICY") == policy
     assert model.worker_env()["OMP_NUM_THREADS"] == str(model.threads_per_worker())
-    model.expected_frameworks = ["torch"]  # what the archive's handler imports
+    model.expected_frameworks = frozenset({"torch"})  # what the archive's handler imports
     model.spares = SparePool(1, {})  # the server's (never started here)
     worker = spawn_worker(model, WorkerSlot(0, "m_1.0-w0", None))
     assert (worker.spares is not None) is spare
