@@ -242,7 +242,9 @@ class Engine:
             positions += range(chunk.start, chunk.end)
             last.append(len(ids) - 1)
         self.batch.begin_step()
-        plan = StepPlan(len(rows), self.batch, states, self.batch.step_mask())
+        mask = self.batch.step_mask()
+        mask = mask.to(self.device) if mask is not None else None
+        plan = StepPlan(len(rows), self.batch, states, mask)
         keep = torch.tensor(list(range(len(rows))) + last, dtype=torch.long)
         try:
             logits = self._forward(

@@ -96,7 +96,7 @@ def _sdpa(
     scores = torch.tanh(scores / softcap) * softcap
     if causal:
         q, k = scores.shape[-2:]
-        mask = torch.ones((q, k), dtype=torch.bool).tril(k - q)
+        mask = torch.ones((q, k), dtype=torch.bool, device=scores.device).tril(k - q)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return scores.softmax(-1).to(value.dtype) @ value
@@ -146,7 +146,7 @@ def attend(
         q = query[:, :, span]
         if chunk.past:
             n, total = chunk.length, k.shape[2]
-            mask = torch.ones((n, total), dtype=torch.bool).tril(total - n)
+            mask = torch.ones((n, total), dtype=torch.bool, device=q.device).tril(total - n)
             result = _sdpa(q, k, v, mask, scaling, softcap)
         else:
             result = _sdpa(q, k, v, None, scaling, softcap, causal=True)
