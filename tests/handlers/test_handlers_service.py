@@ -159,11 +159,17 @@ def test_unknown_handler_name(package, weights):
         )
 
 
-def test_handler_file_named_like_a_library_does_not_replace_it(package, tmp_path, weights):
+def test_handler_file_named_like_a_library_does_not_replace_it(
+    package, tmp_path, weights, monkeypatch
+):
     import json
 
     import handlers
 
+    # Loading puts each model directory on sys.path, as a worker does; here the test process is
+    # the "worker", so the path is restored afterwards: a later test's subprocess (the big-JSON
+    # offload pool) would otherwise import this json.py instead of the standard library's.
+    monkeypatch.setattr(sys, "path", list(sys.path))
     for name in ("json", "handlers"):
         handler = write(tmp_path / f"{name}.py", FUNCTION_HANDLER)
         service, ctx = package(model_name=f"lib_{name}", handler=handler, serialized_file=weights)
