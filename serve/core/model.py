@@ -22,7 +22,7 @@ from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, Job, WorkerStat
 from serve.core.placement import Placement
 from serve.core.pool import ManagedWorker, WorkerInfo, WorkerPool, WorkerSlot
 from serve.core.sequences import SequenceSettings, make_dispatcher
-from serve.core.slots import SlotPlacement, runs_many_at_once
+from serve.core.slots import SlotPlacement, is_engine_handler, runs_many_at_once
 from serve.core.threads import ThreadBudget, ThreadDemand
 from serve.wire.errors import ShuttingDown
 from serve.wire.messages import WorkerSpec
@@ -136,7 +136,7 @@ class ModelVersion:
             many_at_once=runs_many_at_once(source.model_config, handler),
         )
         # The built-in generative engine runs its steps back to back on the worker's cores.
-        self.runs_engine = (handler or "").split(":")[0] == "text_generation"
+        self.runs_engine = is_engine_handler(handler)
         # Input/output metadata for the OIP and KServe routes, asked of a worker once.
         self.protocol_metadata: dict[str, Any] | None = None
         # The server-wide intra-op thread budget (set by the registry); None: this version's

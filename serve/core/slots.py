@@ -133,6 +133,11 @@ class SlotPlacement(BatchPlacement):
         return plan
 
 
+def is_engine_handler(handler: str | None) -> bool:
+    """Whether ``handler`` is the built-in generative engine's (``text_generation[:fn]``)."""
+    return (handler or "").split(":")[0] == "text_generation"
+
+
 def runs_many_at_once(model_config: Mapping[str, Any], handler: str | None) -> bool:
     """Whether a model's workers keep many requests in flight (`serve.worker.concurrent`):
     ``asyncCommunication: true``, or the built-in ``text_generation`` handler driving its engine
@@ -141,5 +146,4 @@ def runs_many_at_once(model_config: Mapping[str, Any], handler: str | None) -> b
         return False
     if model_config.get("asyncCommunication"):
         return True
-    name = (handler or "").split(":")[0]
-    return name == "text_generation" and not model_config.get("continuousBatching")
+    return is_engine_handler(handler) and not model_config.get("continuousBatching")
