@@ -37,6 +37,7 @@ class BatchCache:
         self.layers: Layers = []
         self.lengths: list[int] = []  # positions held by each row
         self._rows = self._columns = torch.zeros(0, dtype=torch.long)  # this step's writes
+        self._width = 0  # and the columns attention reads (`begin_step`)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -69,9 +70,10 @@ class BatchCache:
         """Make room for one more column in every row, before a decode step writes it."""
         self._rows = torch.arange(len(self.keys))
         self._columns = self.positions()
-        if self.layers and self.width > self.layers[0][0].shape[2]:
+        self._width = self.width
+        if self.layers and self._width > self.layers[0][0].shape[2]:
             rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
-            self._resize(rows, max(self.width, _more(columns)))
+            self._resize(rows, max(self._width, _more(columns)))
 
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
@@ -81,8 +83,8 @@ class BatchCache:
         k, v = self.layers[layer]
         k[self._rows, :, self._columns] = keys
         v[self._rows, :, self._columns] = values
-        n, width = len(self.keys), self.width
-        return k[:n, :, :width], v[:n, :, :width]
+        n = len(self.keys)
+        return k[:n, :, : self._width], v[:n, :, : self._width]
 
     def advanced(self) -> None:
         """Record that a decode step wrote one position into every row."""

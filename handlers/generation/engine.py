@@ -234,7 +234,7 @@ class Engine:
         prefill = [c.sequence for c in chunks]
         assert all(isinstance(seq, Sequence) for seq in prefill)
         ids = [seq.output_ids[-1] for seq in rows]
-        positions = self.batch.positions().tolist()
+        positions = list(self.batch.lengths)  # each row's next position is its length
         states, last = [], []
         for chunk, seq in zip(chunks, prefill, strict=True):
             states.append(ChunkState(len(ids), chunk.end - chunk.start, seq.cache or []))
