@@ -92,33 +92,59 @@ class BatchCache:
 
     def join(self, key: str, layers: Layers, length: int) -> None:
         """Add a sequence whose own cache (batch of one per layer) holds ``length`` positions."""
-        row = len(self.keys)
+        self.join_packed([key], [length], [0], layers)
+
+    def join_packed(
+        self, keys: list[str], lengths: list[int], offsets: list[int], packed: Layers
+    ) -> None:
+        """Add sequences whose positions lie side by side in ``packed`` (per layer a batch of one,
+        ``(1, kv_heads, tokens, head_dim)``): sequence ``i`` holds ``lengths[i]`` positions from
+        ``offsets[i]``. One indexed copy per layer, however many join."""
+        if not keys:
+            return
+        first, longest = len(self.keys), max(lengths)
         if not self.layers:
             self.layers = [
-                (_grown(k[:0], 4, _more(length)), _grown(v[:0], 4, _more(length)))
-                for k, v in layers
+                (_grown(k[:0, :, :0], 4, _more(longest)), _grown(v[:0, :, :0], 4, _more(longest)))
+                for k, v in packed
             ]
         rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
-        if row >= rows or length + 1 > columns:
-            self._resize(2 * rows if row >= rows else rows, max(columns, _more(length)))
-        for (k, v), (jk, jv) in zip(self.layers, layers, strict=True):
-            k[row, :, :length] = jk[0, :, :length]
-            v[row, :, :length] = jv[0, :, :length]
-        self.keys.append(key)
-        self.lengths.append(length)
+        needed_rows = first + len(keys)
+        if needed_rows > rows or longest + 1 > columns:
+            while rows < needed_rows:
+                rows *= 2
+            self._resize(rows, max(columns, _more(longest)))
+        counts = torch.tensor(lengths)
+        row_index = torch.repeat_interleave(torch.arange(first, needed_rows), counts)
+        column_index = torch.cat([torch.arange(n) for n in lengths])
+        token_index = torch.cat(
+            [torch.arange(o, o + n) for o, n in zip(offsets, lengths, strict=True)]
+        )
+        device = self.layers[0][0].device
+        row_index, column_index = row_index.to(device), column_index.to(device)
+        token_index = token_index.to(device)
+        for (k, v), (pk, pv) in zip(self.layers, packed, strict=True):
+            k[row_index, :, column_index] = pk[0][:, token_index].transpose(0, 1)
+            v[row_index, :, column_index] = pv[0][:, token_index].transpose(0, 1)
+        self.keys.extend(keys)
+        self.lengths.extend(lengths)
 
     def leave(self, keys: set[str]) -> None:
-        """Drop the rows of ``keys``; the last rows move into the holes."""
-        for key in [k for k in self.keys if k in keys]:
-            row, last = self.keys.index(key), len(self.keys) - 1
-            if row != last:
-                n = self.lengths[last]
-                for k, v in self.layers:
-                    k[row, :, :n] = k[last, :, :n]
-                    v[row, :, :n] = v[last, :, :n]
-                self.keys[row], self.lengths[row] = self.keys[last], self.lengths[last]
-            self.keys.pop()
-            self.lengths.pop()
+        """Drop the rows of ``keys``; the last rows move into the holes (one indexed copy per
+        layer, however many leave)."""
+        gone = {row for row, key in enumerate(self.keys) if key in keys}
+        stay = len(self.keys) - len(gone)
+        holes = sorted(row for row in gone if row < stay)
+        movers = [row for row in range(stay, len(self.keys)) if row not in gone]
+        if holes:
+            n = max(self.lengths[row] for row in movers)
+            to, source = torch.tensor(holes), torch.tensor(movers)
+            for k, v in self.layers:
+                k[to, :, :n] = k[source, :, :n]
+                v[to, :, :n] = v[source, :, :n]
+            for hole, mover in zip(holes, movers, strict=True):
+                self.keys[hole], self.lengths[hole] = self.keys[mover], self.lengths[mover]
+        del self.keys[stay:], self.lengths[stay:]
         if not self.keys:
             self.layers = []
             return

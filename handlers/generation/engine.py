@@ -27,7 +27,7 @@ from handlers.generation.cache import BatchCache
 from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
 from handlers.generation.params import GenerationRequest, SamplingParams
 from handlers.generation.ragged import ChunkState, StepPlan, install, planned
-from handlers.generation.sampling import Sampler, TokenLogprobs
+from handlers.generation.sampling import Sampler, TokenLogprobs, choose_greedy
 from handlers.generation.scheduler import EngineLimits, PrefillChunk, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class Engine:
         self.device = getattr(model, "device", torch.device("cpu"))
         install(model)
         self._cancelled: set[str] = set()
+        self._leaving: set[str] = set()  # ended this step: their rows go together (`_leave_batch`)
         self.steps = 0
         self.last_step: dict[str, int] = {}
 
@@ -204,11 +205,13 @@ class Engine:
         """One iteration: cancellations, admission, then one forward pass for the running batch's
         next tokens and at most ``prefill_chunk_tokens`` of newcomers' prompts."""
         outputs = self._drop_cancelled()
+        self._leave_batch()
         self.scheduler.admit()
         running = len(self.batch)
         chunks = self.scheduler.plan_prefill()
         if running or chunks:
             outputs += self._forward_step(chunks)
+            self._leave_batch()
         self.steps += 1
         self.last_step = {
             "decoded": running,
@@ -237,7 +240,13 @@ class Engine:
         positions = list(self.batch.lengths)  # each row's next position is its length
         states, last = [], []
         for chunk, seq in zip(chunks, prefill, strict=True):
-            states.append(ChunkState(len(ids), chunk.end - chunk.start, seq.cache or []))
+            # A whole prompt in one chunk joins the batch from the step's keys (`StepPlan.keys`)
+            joins_packed = chunk.last and not seq.cache
+            states.append(
+                ChunkState(
+                    len(ids), chunk.end - chunk.start, seq.cache or [], keep=not joins_packed
+                )
+            )
             ids += seq.prompt_ids[chunk.start : chunk.end]
             positions += range(chunk.start, chunk.end)
             last.append(len(ids) - 1)
@@ -257,15 +266,30 @@ class Engine:
             return [self._fail(seq, exc) for seq in rows + prefill]
         if rows:
             self.batch.advanced()
-        outputs = [self._emit(seq, logits[i]) for i, seq in enumerate(rows)]
+        emitting, at = list(rows), list(range(len(rows)))
+        joining: list[tuple[str, int, int]] = []  # (key, length, offset) in the step's keys
         for i, (chunk, seq, state) in enumerate(zip(chunks, prefill, states, strict=True)):
             self.scheduler.prefilled(chunk)
             seq.cache = state.layers
             if chunk.last:
-                self.batch.join(seq.request_id, state.layers, seq.prompt_len)
+                if state.keep:
+                    self.batch.join(seq.request_id, state.layers, seq.prompt_len)
+                else:
+                    joining.append((seq.request_id, seq.prompt_len, state.offset))
                 seq.cache = None
-                outputs.append(self._emit(seq, logits[len(rows) + i]))
-        return outputs
+                emitting.append(seq)
+                at.append(len(rows) + i)
+        if joining:
+            keys, lengths, offsets = (list(column) for column in zip(*joining, strict=True))
+            self.batch.join_packed(keys, lengths, offsets, plan.keys)
+        if len(at) < logits.shape[0]:
+            logits = logits[at]
+        try:
+            greedy = choose_greedy([seq.sampler for seq in emitting], logits)
+        except Exception:  # each sequence then chooses alone, failing alone
+            logger.exception("Choosing the step's greedy tokens together failed")
+            greedy = {}
+        return [self._emit(seq, logits[i], greedy.get(i)) for i, seq in enumerate(emitting)]
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
@@ -280,6 +304,11 @@ class Engine:
             )
         return out.logits[0].float().cpu()
 
+    def _leave_batch(self) -> None:
+        if self._leaving:
+            self.batch.leave(self._leaving)
+            self._leaving.clear()
+
     def _drop_cancelled(self) -> list[StepOutput]:
         outputs = []
         for request_id in sorted(self._cancelled):
@@ -289,10 +318,13 @@ class Engine:
         self._cancelled.clear()
         return outputs
 
-    def _emit(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
-        """Choose the sequence's next token and say what it adds; ends it when it should stop."""
+    def _emit(self, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> StepOutput:
+        """Take the sequence's next token (``token``, or chosen here from its ``logits``) and say
+        what it adds; ends it when it should stop."""
         try:
-            token, logprobs = seq.sampler.choose(logits)
+            logprobs = None
+            if token is None:
+                token, logprobs = seq.sampler.choose(logits)
             seq.output_ids.append(token)
             lp = [logprobs] if logprobs is not None else None
             if seq.sampler.is_stop_token(token):
@@ -327,7 +359,7 @@ class Engine:
             text += seq.stops.feed(seq.decoder.flush())
             text += seq.stops.flush()
         self.scheduler.remove(seq)
-        self.batch.leave({seq.request_id})
+        self._leaving.add(seq.request_id)
         seq.cache = None
         return StepOutput(
             seq.request_id,

@@ -10,7 +10,13 @@ splits the packed tokens back into their sequences:
 - the decode rows attend, as one batch, to the running batch's cache (`BatchCache`), their new
   keys written in place at each row's length;
 - each prefill chunk attends causally to its own earlier chunks and itself (its cache grows in
-  its `ChunkState` and joins the batch when the prompt is complete).
+  its `ChunkState` and joins the batch when the prompt is complete). One call per chunk and
+  layer measured faster than one call over all of a step's chunks with a block-diagonal mask
+  (0.9 against 1.4 ms a layer for 24 chunks of ~12 tokens in bfloat16 on two CPU threads:
+  SDPA's masked path computes every pair of tokens).
+
+The step's keys and values of every layer stay in the plan (`StepPlan.keys`) until it ends, so
+that the prompts prefilled whole in this step join the batch from them in one copy per layer.
 
 What a step holds is set in a context variable for the length of the forward (`StepPlan`); with
 no plan (``model.generate``, a test's reference) `attend` is plain SDPA attention.
@@ -40,6 +46,7 @@ class ChunkState:
     length: int
     past: Layers  # its cache before this chunk (empty for a prompt's first chunk)
     layers: Layers = field(default_factory=list)  # its cache after, filled layer by layer
+    keep: bool = True  # False: the engine takes its keys from `StepPlan.keys`, not `layers`
 
     @property
     def past_length(self) -> int:
@@ -54,6 +61,7 @@ class StepPlan:
     batch: BatchCache
     chunks: list[ChunkState]
     decode_mask: torch.Tensor | None = None  # (rows, 1, 1, width), from the batch
+    keys: Layers = field(default_factory=list)  # per layer the step's packed (keys, values)
 
 
 _plan: contextvars.ContextVar[StepPlan | None] = contextvars.ContextVar("step_plan", default=None)
@@ -136,13 +144,16 @@ def attend(
         q = query[0, :, :rows].transpose(0, 1).reshape(rows, kv_heads, heads // kv_heads, dim)
         result = _sdpa(q, k, v, plan.decode_mask, scaling, softcap)
         out[0, :rows] = result.reshape(rows, heads, dim)
+    if plan.chunks:
+        plan.keys.append((key, value))
     for chunk in plan.chunks:
         span = slice(chunk.offset, chunk.offset + chunk.length)
         k, v = key[:, :, span], value[:, :, span]
         if chunk.past:
             past_k, past_v = chunk.past[layer]
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        chunk.layers.append((k, v))
+        if chunk.keep:
+            chunk.layers.append((k, v))
         q = query[:, :, span]
         if chunk.past:
             n, total = chunk.length, k.shape[2]

