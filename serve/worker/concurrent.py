@@ -7,7 +7,9 @@ batch of one, up to the budget reported in LOADED (``Loaded.limits["slots"]``).
 
 * `EngineLoop`: a handler with ``request_streams()`` (the built-in ``text_generation``). Each
   request is added to the engine as it arrives and joins its next step; a streamed request's parts
-  go out as PARTIAL frames, the final RESULT ends it; CANCEL drops it before the next forward.
+  go out as PARTIAL frames, the final RESULT ends it (a step's frames in one write: one system
+  call and one wake-up of the frontend per step, not one per stream); CANCEL drops it before the
+  next forward.
   ENGINE frames (`serve.wire.messages.EngineReport`) carry the engine's live counts and each new
   request's cache reservation to the frontend.
 * `AsyncLoop`: ``asyncCommunication: true`` (TorchServe's key). The handler's ``handle`` may be a
@@ -55,7 +57,7 @@ REPORT_INTERVAL = 0.5
 
 
 class Connection(Protocol):
-    def send(self, frame: Frame) -> None: ...
+    def send(self, *frames: Frame) -> None: ...
 
     def receive(self) -> Frame | None: ...
 
@@ -169,6 +171,7 @@ class EngineLoop:
         self._reported: dict[str, int] = {}  # the counts last sent
         self._reported_at = 0.0
         self._send_lock = threading.Lock()  # the reader thread sends reservations too
+        self._outbox: list[Frame] = []
 
     @property
     def limits(self) -> dict[str, int]:
@@ -181,6 +184,7 @@ class EngineLoop:
         while True:
             for taken in self._take(block=not self.streams.has_work()):
                 if taken is None or taken[0].type == MsgType.SHUTDOWN:
+                    self._flush()
                     return 0
                 frame, prepared = taken
                 if frame.type == MsgType.THREADS:
@@ -192,10 +196,21 @@ class EngineLoop:
             if self.streams.has_work():
                 self._step()
                 self._report_if_due()
+            self._flush()
 
-    def _send(self, frame: Frame) -> None:
+    def _send(self, *frames: Frame) -> None:
         with self._send_lock:
-            self._conn.send(frame)
+            self._conn.send(*frames)
+
+    def _post(self, frame: Frame) -> None:
+        """Queue a frame for the end of this turn of the loop (`_flush`): a step's parts and
+        answers go out in one write."""
+        self._outbox.append(frame)
+
+    def _flush(self) -> None:
+        if self._outbox:
+            frames, self._outbox = self._outbox, []
+            self._send(*frames)
 
     def _read(self, frame: Frame | None) -> None:
         """On the reader thread: a PREDICT is parsed and tokenized here, and its reservation
@@ -233,7 +248,7 @@ class EngineLoop:
 
     def _report(self) -> None:
         stats = self.streams.engine.stats()
-        self._send(encode_engine_report(EngineReport(stats)))
+        self._post(encode_engine_report(EngineReport(stats)))
         self._reported = stats
         self._reported_at = time.monotonic()
 
@@ -266,7 +281,7 @@ class EngineLoop:
         if prepared is None and any(req.headers.get("describe") for req in requests):
             from serve.worker.main import client_errors, run_items  # the handler answers
 
-            self._send(
+            self._post(
                 encode_result(
                     frame.seq,
                     client_errors(run_items(self.service, self.context, requests, decode)),
@@ -337,7 +352,7 @@ class EngineLoop:
         from handlers.output import encode_output
 
         body, content_type = encode_output(part)
-        self._send(encode_partial(seq, [PartialItem(content_type, body)]))
+        self._post(encode_partial(seq, [PartialItem(content_type, body)]))
 
     def _answer(self, engine_id: str, answer: ResultItem | ErrorItem) -> None:
         seq, index = self._owner.pop(engine_id)
@@ -350,7 +365,7 @@ class EngineLoop:
             from serve.worker.main import client_errors
 
             del self._batches[batch.seq]
-            self._send(encode_result(batch.seq, client_errors(batch.result())))
+            self._post(encode_result(batch.seq, client_errors(batch.result())))
 
 
 # ----- asyncCommunication -----------------------------------------------------------------------

@@ -52,8 +52,9 @@ class Connection:
         # Large request bodies are received straight into their own buffers (one copy).
         self.reader = FrameReader(self.sock.recv_into)
 
-    def send(self, frame: Frame) -> None:
-        self.sock.sendall(b"".join(encode(frame)))
+    def send(self, *frames: Frame) -> None:
+        """Write ``frames`` in one go (one system call for a step's many parts)."""
+        self.sock.sendall(b"".join(chunk for frame in frames for chunk in encode(frame)))
 
     def receive(self) -> Frame | None:
         """The next frame (shared-memory payloads copied out, one copy each); None at the end."""

@@ -48,15 +48,18 @@ class FakeConnection:
         self.inbox: queue.Queue[Frame | None] = queue.Queue()
         self.sent: queue.Queue[Frame] = queue.Queue()
         self.reports: queue.Queue[EngineReport] = queue.Queue()
+        self.writes: list[list[Frame]] = []  # the frames of each send, in order
 
     def receive(self) -> Frame | None:
         return self.inbox.get()
 
-    def send(self, frame: Frame) -> None:
-        if frame.type == MsgType.ENGINE:
-            self.reports.put(decode_engine_report(frame))
-        else:
-            self.sent.put(frame)
+    def send(self, *frames: Frame) -> None:
+        self.writes.append(list(frames))
+        for frame in frames:
+            if frame.type == MsgType.ENGINE:
+                self.reports.put(decode_engine_report(frame))
+            else:
+                self.sent.put(frame)
 
     def put(self, frame: Frame | None) -> None:
         self.inbox.put(frame)
@@ -173,6 +176,30 @@ def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(ser
     conn.put(Frame(MsgType.SHUTDOWN, 0))
     thread.join(WAIT)
     assert code == [0]
+
+
+def test_a_steps_parts_go_out_together_in_one_write(service):
+    conn = FakeConnection()
+    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    thread, code = run_in_thread(loop, conn)
+    conn.put(predict(1, body("the quick brown fox", 200)))
+    conn.put(predict(2, body("a model server answers", 12)))
+    while (frame := conn.next()).type != MsgType.RESULT:
+        pass
+    assert frame.seq == 2  # the long stream still runs: cancel it
+    conn.put(encode_cancel(Cancel(1)))
+    while conn.next().type != MsgType.RESULT:
+        pass
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+    streamed = [[f.seq for f in write if f.type == MsgType.PARTIAL] for write in conn.writes]
+    assert all(len(seqs) == len(set(seqs)) for seqs in streamed)  # one step per write
+    # while both ran, each step's two parts went out in one write (12 tokens: 11 steps)
+    assert sum(sorted(seqs) == [1, 2] for seqs in streamed) >= 10
+    # and an answer goes out with the other parts of its step
+    final = next(write for write in conn.writes if any(f.type == MsgType.RESULT for f in write))
+    assert {(f.type, f.seq) for f in final} >= {(MsgType.PARTIAL, 1), (MsgType.RESULT, 2)}
 
 
 def test_an_unstreamed_request_is_answered_whole(service):
