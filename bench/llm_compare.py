@@ -187,12 +187,14 @@ def main() -> None:
     results["load_after"] = os.getloadavg()
     raw_tps: dict[int, float] = {}
     answers: dict[int, float] = {}
+    engine: dict[int, float] = {}
     for lv in raw_before["levels"] + raw_after["levels"]:
         batch = int(lv["batch"])
         raw_tps[batch] = max(raw_tps.get(batch, 0.0), lv["tokens_per_s"])
-        if "answers_tokens_per_s" in lv:
-            answers[batch] = max(answers.get(batch, 0.0), lv["answers_tokens_per_s"])
-    print("\n".join(table(servers, raw_tps, answers=answers)))
+        for key, best in (("answers_tokens_per_s", answers), ("engine_tokens_per_s", engine)):
+            if key in lv:
+                best[batch] = max(best.get(batch, 0.0), lv[key])
+    print("\n".join(table(servers, raw_tps, answers=answers, engine=engine)))
     print(f"floor: {json.dumps(floor)}")
     print(f"raw before: {json.dumps(raw_before['levels'])}")
     print(f"raw after: {json.dumps(raw_after['levels'])}")

@@ -10,6 +10,12 @@ A server's streams also need their prompts prefilled, which at short answers is 
 the work. ``answers_tokens_per_s`` is that limit: the bench's own prompts, ``batch`` at a time,
 answered whole by one batched greedy ``generate`` (left-padded prefill, then ``max_tokens``
 tokens each), in this process.
+
+``engine_step_p50_s`` is Lantern's own engine (handlers/generation) in this process: ``batch``
+copies of the prompt added at once, the median of its full-batch decode steps (the step as the
+worker runs it: the packed forward, sampling, detokenizing). Its forward is not transformers'
+(its own attention and cache: handlers/generation/ragged.py), so it can be faster than the raw
+step; a server's tokens/s against it is what serving costs beyond the engine.
 """
 
 from __future__ import annotations
@@ -35,6 +41,28 @@ def decode_steps(model: Any, prompt_ids: Any, batch: int, steps: int) -> list[fl
             out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
             nxt = out.logits[:, -1, :].argmax(-1, keepdim=True)
             times.append(time.perf_counter() - t0)
+    return times
+
+
+def engine_steps(model: Any, tokenizer: Any, prompt: str, batch: int, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` full-batch decode steps of Lantern's engine at ``batch``."""
+    from handlers.generation.engine import Engine
+    from handlers.generation.params import GenerationRequest, SamplingParams
+    from handlers.generation.scheduler import EngineLimits
+
+    length = len(tokenizer.encode(prompt)) + steps + 8
+    limits = EngineLimits(batch, batch * length, length, batch * length)
+    engine = Engine(model, tokenizer, limits)
+    params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        engine.add(str(i), GenerationRequest(prompt, params))
+    while engine.stats()["running"] < batch:  # the prefill, not timed
+        engine.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
     return times
 
 
@@ -89,6 +117,9 @@ def raw(
             "step_min_s": min(times),
             "tokens_per_s": batch / p50,
         }
+        engine_steps(model, tokenizer, prompt, batch, 4)  # warm
+        engine_p50 = statistics.median(engine_steps(model, tokenizer, prompt, batch, steps))
+        level |= {"engine_step_p50_s": engine_p50, "engine_tokens_per_s": batch / engine_p50}
         if prompts:
             group = [prompts[i % len(prompts)] for i in range(batch)]
             answer_batch(model, tokenizer, group, 2)  # warm

@@ -97,11 +97,13 @@ def table(
     raw: Mapping[int, float] | None = None,
     baseline: str = "lantern",
     answers: Mapping[int, float] | None = None,
+    engine: Mapping[int, float] | None = None,
 ) -> list[str]:
     """Markdown: one column per server and concurrency, one row per figure, then the ratios of
     ``baseline``'s tokens/s and TTFT p99 to each other server's, to the raw batched forward
     (``raw``: batch size -> tokens/s of the decode step) and to whole answers generated in one
-    batch in-process (``answers``: batch size -> tokens/s, prefill included), at the same
+    batch in-process (``answers``: batch size -> tokens/s, prefill included) and to Lantern's
+    own engine stepping in-process (``engine``: batch size -> tokens/s), at the same
     concurrency."""
     levels = sorted({r["concurrency"] for rs in servers.values() for r in rs})
     by = {name: {r["concurrency"]: r for r in rs} for name, rs in servers.items()}
@@ -136,6 +138,9 @@ def table(
     if answers:
         cells = [_ratio(_get(base, c, "output_tokens_per_s"), answers.get(c)) for c in levels]
         lines.append("| tok/s vs raw whole answers | " + " | ".join(cells) + " |")
+    if engine:
+        cells = [_ratio(_get(base, c, "output_tokens_per_s"), engine.get(c)) for c in levels]
+        lines.append("| tok/s vs its engine's step in-process | " + " | ".join(cells) + " |")
     return lines
 
 
