@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.llm_compare import in_process, unpack, wait_ready
+from bench.llm_compare import in_process, parse_with_run_arguments, unpack, wait_ready
 from bench.server import REPO, LanternProcess
 from handlers.generation.loading import auto_dtype
 
@@ -59,13 +59,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--waves", type=int, default=4, help="requests per stream")
-    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--dtype", default=auto_dtype("cpu"), help="of the raw limits")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--start-timeout", type=float, default=600)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
+    args = parse_with_run_arguments(parser)
     folder = unpack(args.store, args.work)
     extra = ["--concurrency", str(args.concurrency)]
     print(f"c={args.concurrency}, {args.max_tokens} tokens per answer, {args.waves} waves")

@@ -145,6 +145,18 @@ def unpack(store: Path, work: Path) -> Path:
     return folder
 
 
+def parse_with_run_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Add what every LLM run takes (answer length, threads, start timeout, ``--json``), parse,
+    and make the work folder."""
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    return args
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, required=True, help="holds smollm2.mar")
@@ -161,12 +173,7 @@ def main() -> None:
         help="for transformers serve, the floor and the raw step (default: what Lantern's "
         "dtype: auto is on this CPU, which Lantern's archive takes)",
     )
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--start-timeout", type=float, default=600)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
+    args = parse_with_run_arguments(parser)
     folder = unpack(args.store, args.work)
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     # the raw step before and after the servers: the machine is shared, the better one counts
