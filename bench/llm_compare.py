@@ -7,12 +7,16 @@ Lantern (``serve start --foreground`` on ``STORE/smollm2.mar``), ``transformers 
 on the very GGUF file the archive was built from, then the floor (``bench.llm --floor``) and the
 raw batched decode step (``bench.llm --raw``), each in its own process. Each server is started,
 warmed with one request, driven by ``bench.llm`` at every level (CPU read from its process tree),
-and stopped by PID before the next one starts. ``--json`` keeps every figure.
+and stopped by PID before the next one starts; with ``--interleave`` all are started first and
+driven in turn at each level (on a machine whose speed drifts during the run, the server that
+happened to run in its slow minutes is not the one that looks slow). ``--json`` keeps every
+figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -21,6 +25,8 @@ import sys
 import time
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +61,28 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes] | None, timeo
     raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
-def drive(
-    args: argparse.Namespace, url: str, model: str, pid: int, length: str, out: Path
-) -> list[Any]:
+@dataclass
+class Running:
+    """A server that is up: where to reach it and how to ask it for exact answer lengths."""
+
+    name: str
+    url: str
+    model: str
+    pid: int
+    length: str  # bench.llm's --length dialect
+    out: Path
+
+
+def drive(args: argparse.Namespace, server: Running, concurrency: str) -> list[Any]:
     cmd = [
-        sys.executable, "-m", "bench.llm", "--url", url, "--model", model,
-        "--concurrency", args.concurrency, "--requests", str(args.requests),
-        "--max-tokens", str(args.max_tokens), "--length", length, "--pid", str(pid),
+        sys.executable, "-m", "bench.llm", "--url", server.url, "--model", server.model,
+        "--concurrency", concurrency, "--requests", str(args.requests),
+        "--max-tokens", str(args.max_tokens), "--length", server.length, "--pid", str(server.pid),
         "--waves", str(args.waves),
-        "--json", str(out),
+        "--json", str(server.out),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=REPO)
-    return list(json.loads(out.read_text()))
+    return list(json.loads(server.out.read_text()))
 
 
 def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -83,15 +99,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def run_lantern(args: argparse.Namespace, work: Path) -> list[Any]:
+@contextlib.contextmanager
+def lantern_up(args: argparse.Namespace, work: Path) -> Iterator[Running]:
     with LanternProcess(work, args.store, ["smollm2=smollm2.mar"], "auto") as server:
         server.start(timeout=args.start_timeout)
         url = f"{server.addresses['inference']}/v1"
         wait_ready(url, "smollm2", None, args.start_timeout)
-        return drive(args, url, "smollm2", server.pid, "ignore_eos", work / "lantern.json")
+        yield Running("lantern", url, "smollm2", server.pid, "ignore_eos", work / "lantern.json")
 
 
-def run_transformers(args: argparse.Namespace, work: Path, folder: Path) -> list[Any]:
+@contextlib.contextmanager
+def transformers_up(args: argparse.Namespace, work: Path, folder: Path) -> Iterator[Running]:
     port = free_port()
     exe = Path(sys.executable).with_name("transformers")
     cmd = [str(exe), "serve", str(folder), "--continuous-batching", "--dtype", args.dtype,
@@ -100,12 +118,14 @@ def run_transformers(args: argparse.Namespace, work: Path, folder: Path) -> list
     try:
         url = f"http://127.0.0.1:{port}/v1"
         wait_ready(url, str(folder), proc, args.start_timeout)
-        return drive(args, url, str(folder), proc.pid, "generation_config", work / "tf.json")
+        name, out = "transformers serve", work / "tf.json"
+        yield Running(name, url, str(folder), proc.pid, "generation_config", out)
     finally:
         stop(proc)
 
 
-def run_llamacpp(args: argparse.Namespace, work: Path, gguf: Path) -> list[Any]:
+@contextlib.contextmanager
+def llamacpp_up(args: argparse.Namespace, work: Path, gguf: Path) -> Iterator[Running]:
     port = free_port()
     cmd = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", str(gguf),
            "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port),
@@ -115,9 +135,29 @@ def run_llamacpp(args: argparse.Namespace, work: Path, gguf: Path) -> list[Any]:
     try:
         url = f"http://127.0.0.1:{port}/v1"
         wait_ready(url, "smollm2", proc, args.start_timeout)
-        return drive(args, url, "smollm2", proc.pid, "min_tokens", work / "llamacpp.json")
+        yield Running("llama_cpp.server", url, "smollm2", proc.pid, "min_tokens", work / "lc.json")
     finally:
         stop(proc)
+
+
+def run_servers(
+    args: argparse.Namespace, ups: list[contextlib.AbstractContextManager[Running]]
+) -> dict[str, list[Any]]:
+    """Every level of every server: one server at a time (each started, driven at every level,
+    stopped), or with ``--interleave`` all up at once and driven in turn at each level, so that
+    a machine whose speed drifts over the run biases no server (the idle ones wait on sockets)."""
+    servers: dict[str, list[Any]] = {}
+    if not args.interleave:
+        for up in ups:
+            with up as server:
+                servers[server.name] = drive(args, server, args.concurrency)
+        return servers
+    with contextlib.ExitStack() as stack:
+        running = [stack.enter_context(up) for up in ups]
+        for concurrency in args.concurrency.split(","):
+            for server in running:
+                servers.setdefault(server.name, []).extend(drive(args, server, concurrency))
+    return servers
 
 
 def in_process(mode: str, folder: Path, args: argparse.Namespace, extra: list[str]) -> Any:
@@ -168,6 +208,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="per level, at least")
     parser.add_argument("--waves", type=int, default=4, help="requests per stream, at least")
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="all servers up at once, driven in turn at each level (a drifting machine then "
+        "biases none)",
+    )
+    parser.add_argument(
         "--dtype",
         default=auto_dtype("cpu"),
         help="for transformers serve, the floor and the raw step (default: what Lantern's "
@@ -178,16 +224,17 @@ def main() -> None:
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     # the raw step before and after the servers: the machine is shared, the better one counts
     raw_before = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
-    servers: dict[str, list[Any]] = {}
+    ups: list[contextlib.AbstractContextManager[Running]] = []
     for name in args.servers.split(","):
         if name == "lantern":
-            servers[name] = run_lantern(args, args.work)
+            ups.append(lantern_up(args, args.work))
         elif name == "transformers":
-            servers["transformers serve"] = run_transformers(args, args.work, folder)
+            ups.append(transformers_up(args, args.work, folder))
         elif name == "llamacpp":
             if not args.llamacpp_python:
                 parser.error("llamacpp needs --llamacpp-python")
-            servers["llama_cpp.server"] = run_llamacpp(args, args.work, args.gguf or smollm2_gguf())
+            ups.append(llamacpp_up(args, args.work, args.gguf or smollm2_gguf()))
+    servers = run_servers(args, ups)
     floor = in_process("--floor", folder, args, ["--requests", "8"])
     raw_after = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
     results |= {"servers": servers, "floor": floor, "raw": [raw_before, raw_after]}
