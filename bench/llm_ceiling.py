@@ -8,7 +8,8 @@ transformers decode step, Lantern's engine stepping in-process, whole answers by
 ``generate``), then drives the server at ``--concurrency`` streams (``bench.llm``), so that every
 ratio compares two runs taken seconds apart: on a shared machine the speed moves from minute to
 minute (20% here), and a ratio of runs minutes apart says more about the machine than the server.
-Prints one row per round and the median of each ratio; ``--json`` keeps every figure.
+Prints one row per round (after bench.llm's own line for each served run) and the median of
+each ratio; ``--json`` keeps every figure.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.llm_compare import in_process, parse_with_run_arguments, unpack, wait_ready
-from bench.server import REPO, LanternProcess
+from bench.llm_compare import drive, in_process, lantern_up, parse_with_run_arguments, unpack
 from handlers.generation.loading import auto_dtype
 
 RATIOS = (
@@ -31,15 +29,6 @@ RATIOS = (
     ("whole answers", "answers_tokens_per_s"),
     ("engine step", "engine_tokens_per_s"),
 )
-
-
-def served(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.llm", "--url", url, "--model", "smollm2",
-           "--concurrency", str(args.concurrency), "--waves", str(args.waves),
-           "--max-tokens", str(args.max_tokens), "--length", "ignore_eos",
-           "--pid", str(pid)]  # fmt: skip
-    done = subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True)
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def row(round_: int, raw: dict[str, Any], lantern: dict[str, Any]) -> tuple[str, dict[str, float]]:
@@ -58,7 +47,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/llm-ceiling"))
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--waves", type=int, default=4, help="requests per stream")
+    parser.add_argument("--requests", type=int, default=32, help="per round, at least")
+    parser.add_argument("--waves", type=int, default=4, help="requests per stream, at least")
     parser.add_argument("--dtype", default=auto_dtype("cpu"), help="of the raw limits")
     args = parse_with_run_arguments(parser)
     folder = unpack(args.store, args.work)
@@ -69,14 +59,12 @@ def main() -> None:
           "| vs raw step | vs whole answers | vs engine step |")  # fmt: skip
     print("|---" * 11 + "|")
     rounds: list[dict[str, Any]] = []
-    with LanternProcess(args.work, args.store, ["smollm2=smollm2.mar"], "auto") as server:
-        server.start(timeout=args.start_timeout)
-        url = f"{server.addresses['inference']}/v1"
-        wait_ready(url, "smollm2", None, args.start_timeout)
-        served(args, url, server.pid)  # warm the server at this concurrency
+    concurrency = str(args.concurrency)
+    with lantern_up(args, args.work) as server:
+        drive(args, server, concurrency)  # warm the server at this concurrency
         for i in range(1, args.rounds + 1):
             raw = in_process("--raw", folder, args, extra)["levels"][0]
-            lantern = served(args, url, server.pid)
+            lantern = drive(args, server, concurrency)[0]
             line, ratios = row(i, raw, lantern)
             print(line, flush=True)
             rounds.append(
