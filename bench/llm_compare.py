@@ -25,12 +25,12 @@ import sys
 import time
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.llm_stats import table
+from bench.llm_stats import median_levels, raw_limits, table
 from bench.server import REPO, LanternProcess
 from handlers.generation.loading import auto_dtype
 
@@ -141,22 +141,35 @@ def llamacpp_up(args: argparse.Namespace, work: Path, gguf: Path) -> Iterator[Ru
 
 
 def run_servers(
-    args: argparse.Namespace, ups: list[contextlib.AbstractContextManager[Running]]
-) -> dict[str, list[Any]]:
-    """Every level of every server: one server at a time (each started, driven at every level,
-    stopped), or with ``--interleave`` all up at once and driven in turn at each level, so that
-    a machine whose speed drifts over the run biases no server (the idle ones wait on sockets)."""
-    servers: dict[str, list[Any]] = {}
+    args: argparse.Namespace,
+    ups: list[contextlib.AbstractContextManager[Running]],
+    between_rounds: Callable[[], None] = lambda: None,
+) -> dict[str, list[list[Any]]]:
+    """Every level of every server, ``--rounds`` times: per server, one list of levels per round.
+
+    One server at a time (each started, driven at every level round after round, stopped), or
+    with ``--interleave`` all up at once and driven in turn at each level, a round being every
+    level once, so that a machine whose speed drifts over the run biases no server (the idle ones
+    wait on sockets); ``between_rounds`` runs after each interleaved round but the last."""
+    servers: dict[str, list[list[Any]]] = {}
     if not args.interleave:
         for up in ups:
             with up as server:
-                servers[server.name] = drive(args, server, args.concurrency)
+                servers[server.name] = [
+                    drive(args, server, args.concurrency) for _ in range(args.rounds)
+                ]
         return servers
     with contextlib.ExitStack() as stack:
         running = [stack.enter_context(up) for up in ups]
-        for concurrency in args.concurrency.split(","):
-            for server in running:
-                servers.setdefault(server.name, []).extend(drive(args, server, concurrency))
+        for round_ in range(args.rounds):
+            for concurrency in args.concurrency.split(","):
+                for server in running:
+                    rounds = servers.setdefault(server.name, [])
+                    if len(rounds) <= round_:
+                        rounds.append([])
+                    rounds[round_].extend(drive(args, server, concurrency))
+            if round_ + 1 < args.rounds:
+                between_rounds()
     return servers
 
 
@@ -214,6 +227,13 @@ def main() -> None:
         "biases none)",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every level this many times; the table shows each figure's median (with "
+        "--interleave the raw step is also measured between rounds)",
+    )
+    parser.add_argument(
         "--dtype",
         default=auto_dtype("cpu"),
         help="for transformers serve, the floor and the raw step (default: what Lantern's "
@@ -222,8 +242,9 @@ def main() -> None:
     args = parse_with_run_arguments(parser)
     folder = unpack(args.store, args.work)
     results: dict[str, Any] = {"load_before": os.getloadavg()}
-    # the raw step before and after the servers: the machine is shared, the better one counts
-    raw_before = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
+    # the raw step before and after the servers (and between interleaved rounds): the machine
+    # is shared, and each limit is the median of its measurements
+    raws = [in_process("--raw", folder, args, ["--concurrency", args.concurrency])]
     ups: list[contextlib.AbstractContextManager[Running]] = []
     for name in args.servers.split(","):
         if name == "lantern":
@@ -234,24 +255,22 @@ def main() -> None:
             if not args.llamacpp_python:
                 parser.error("llamacpp needs --llamacpp-python")
             ups.append(llamacpp_up(args, args.work, args.gguf or smollm2_gguf()))
-    servers = run_servers(args, ups)
+
+    def raw_again() -> None:
+        raws.append(in_process("--raw", folder, args, ["--concurrency", args.concurrency]))
+
+    rounds = run_servers(args, ups, raw_again)
     floor = in_process("--floor", folder, args, ["--requests", "8"])
-    raw_after = in_process("--raw", folder, args, ["--concurrency", args.concurrency])
-    results |= {"servers": servers, "floor": floor, "raw": [raw_before, raw_after]}
+    raw_again()
+    servers = {name: median_levels(levels) for name, levels in rounds.items()}
+    results |= {"servers": servers, "rounds": rounds, "floor": floor, "raw": raws}
     results["load_after"] = os.getloadavg()
-    raw_tps: dict[int, float] = {}
-    answers: dict[int, float] = {}
-    engine: dict[int, float] = {}
-    for lv in raw_before["levels"] + raw_after["levels"]:
-        batch = int(lv["batch"])
-        raw_tps[batch] = max(raw_tps.get(batch, 0.0), lv["tokens_per_s"])
-        for key, best in (("answers_tokens_per_s", answers), ("engine_tokens_per_s", engine)):
-            if key in lv:
-                best[batch] = max(best.get(batch, 0.0), lv[key])
-    print("\n".join(table(servers, raw_tps, answers=answers, engine=engine)))
+    limits = raw_limits(raws)
+    print("\n".join(table(servers, limits["tokens_per_s"], answers=limits["answers_tokens_per_s"],
+                           engine=limits["engine_tokens_per_s"])))  # fmt: skip
     print(f"floor: {json.dumps(floor)}")
-    print(f"raw before: {json.dumps(raw_before['levels'])}")
-    print(f"raw after: {json.dumps(raw_after['levels'])}")
+    for i, raw in enumerate(raws):
+        print(f"raw {i + 1} of {len(raws)}: {json.dumps(raw['levels'])}")
     print(f"load average before {results['load_before']}, after {results['load_after']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

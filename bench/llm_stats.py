@@ -5,6 +5,7 @@ Pure functions over plain data, so ``tests/bench/test_llm_stats.py`` checks them
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,59 @@ def summarise(
     }
 
 
+COUNTED = ("requests", "errors", "output_tokens")  # summed over rounds; other numbers: the median
+
+
+def median_levels(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One server's levels over several rounds: per concurrency, the median of each figure (the
+    counts summed), ``rounds`` measured, and over more than one round the lowest and highest
+    tokens/s (``output_tokens_per_s_range``). A figure some rounds lack (no CPU read) is the
+    median of the rounds that have it."""
+    by: dict[int, list[Mapping[str, Any]]] = {}
+    for levels in rounds:
+        for level in levels:
+            by.setdefault(int(level["concurrency"]), []).append(level)
+    merged = []
+    for concurrency, levels in sorted(by.items()):
+        out: dict[str, Any] = {"concurrency": concurrency, "rounds": len(levels)}
+        for key in dict.fromkeys(k for level in levels for k in level if k != "concurrency"):
+            values = [level.get(key) for level in levels]
+            numbers = [float(v) for v in values if isinstance(v, (int, float))]
+            if key in COUNTED:
+                out[key] = int(sum(numbers))
+            elif numbers:
+                out[key] = statistics.median(numbers)
+            else:
+                out[key] = next((v for v in values if v is not None), None)
+        tps = [float(level["output_tokens_per_s"]) for level in levels]
+        if len(tps) > 1:
+            out["output_tokens_per_s_range"] = (min(tps), max(tps))
+        merged.append(out)
+    return merged
+
+
+LIMITS = ("tokens_per_s", "answers_tokens_per_s", "engine_tokens_per_s")
+
+
+def raw_limits(raws: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    """Each raw limit (`LIMITS`: tokens/s by batch size) over several ``bench.llm --raw`` runs:
+    the median of its measurements."""
+    values: dict[str, dict[int, list[float]]] = {key: {} for key in LIMITS}
+    for raw in raws:
+        for level in raw["levels"]:
+            for key in LIMITS:
+                if key in level:
+                    values[key].setdefault(int(level["batch"]), []).append(float(level[key]))
+    return {
+        key: {batch: statistics.median(v) for batch, v in by.items()} for key, by in values.items()
+    }
+
+
+def _range(r: Mapping[str, Any]) -> str:
+    low_high = r.get("output_tokens_per_s_range")
+    return "-" if not low_high else f"{low_high[0]:.0f}-{low_high[1]:.0f}"
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
@@ -83,6 +137,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 ROWS = (
     ("output tok/s", lambda r: _num(r.get("output_tokens_per_s"))),
+    ("tok/s lowest-highest round", _range),
     ("requests/s", lambda r: _num(r.get("requests_per_s"), ".2f")),
     ("tokens/request", lambda r: _num(r.get("tokens_per_request"))),
     ("TTFT p50/p99 ms", lambda r: f"{_ms(r.get('ttft_p50_s'))} / {_ms(r.get('ttft_p99_s'))}"),
@@ -109,7 +164,10 @@ def table(
     by = {name: {r["concurrency"]: r for r in rs} for name, rs in servers.items()}
     heads = [f"{name} c={c}" for name in servers for c in levels if c in by[name]]
     lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    rounds = any("output_tokens_per_s_range" in r for rs in servers.values() for r in rs)
     for label, cell in ROWS:
+        if cell is _range and not rounds:
+            continue
         cells = [cell(by[name][c]) for name in servers for c in levels if c in by[name]]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if baseline not in by:

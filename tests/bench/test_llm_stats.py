@@ -7,7 +7,15 @@ import json
 import pytest
 
 from bench.llm import length_fields
-from bench.llm_stats import Sample, cpu_per_token, percentile, summarise, table
+from bench.llm_stats import (
+    Sample,
+    cpu_per_token,
+    median_levels,
+    percentile,
+    raw_limits,
+    summarise,
+    table,
+)
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -87,3 +95,50 @@ def test_length_fields_per_dialect() -> None:
     config = json.loads(length_fields("generation_config", 32)["generation_config"])
     assert config == {"max_new_tokens": 32, "min_new_tokens": 32, "do_sample": False}
     assert length_fields("none", 32) == {}
+
+
+def test_median_levels_takes_each_figures_median_and_sums_the_counts() -> None:
+    def level(c: int, tps: float, itl: float, errors: int, cpu: float | None) -> dict:
+        return {"concurrency": c, "output_tokens_per_s": tps, "itl_p50_s": itl,
+                "errors": errors, "requests": 16, "cpu_per_token_ms": cpu,
+                "first_error": "429: busy" if errors else None}  # fmt: skip
+
+    rounds = [
+        [level(1, 40.0, 0.030, 0, 40.0), level(32, 500.0, 0.060, 0, 3.0)],
+        [level(1, 30.0, 0.020, 1, None), level(32, 400.0, 0.050, 0, 4.0)],
+        [level(1, 50.0, 0.025, 0, 44.0), level(32, 600.0, 0.070, 0, 5.0)],
+    ]
+    one, many = median_levels(rounds)
+    assert one["concurrency"] == 1 and one["rounds"] == 3
+    assert one["output_tokens_per_s"] == 40.0 and one["itl_p50_s"] == 0.025  # each on its own
+    assert one["output_tokens_per_s_range"] == (30.0, 50.0)
+    assert one["errors"] == 1 and one["requests"] == 48 and one["first_error"] == "429: busy"
+    assert one["cpu_per_token_ms"] == 42.0  # the median of the rounds that read it
+    assert many["output_tokens_per_s"] == 500.0 and many["cpu_per_token_ms"] == 4.0
+
+
+def test_median_levels_of_one_round_is_that_round_without_a_range() -> None:
+    [only] = median_levels([[_level(4, 100.0, 0.2, 0.03)]])
+    assert only["output_tokens_per_s"] == 100.0 and only["rounds"] == 1
+    assert "output_tokens_per_s_range" not in only
+    assert not any("round" in line for line in table({"lantern": [only]}))
+
+
+def test_table_shows_the_spread_of_rounds() -> None:
+    merged = median_levels([[_level(1, 40.0, 0.2, 0.03)], [_level(1, 44.0, 0.2, 0.03)]])
+    lines = table({"lantern": merged})
+    assert "| tok/s lowest-highest round | 40-44 |" in lines
+    assert "| output tok/s | 42.0 |" in lines
+
+
+def test_raw_limits_are_medians_per_batch_and_limit() -> None:
+    raws = [
+        {"levels": [{"batch": 1, "tokens_per_s": 40.0, "engine_tokens_per_s": 41.0},
+                    {"batch": 32, "tokens_per_s": 600.0}]},
+        {"levels": [{"batch": 1, "tokens_per_s": 30.0}, {"batch": 32, "tokens_per_s": 500.0}]},
+        {"levels": [{"batch": 1, "tokens_per_s": 45.0}, {"batch": 32, "tokens_per_s": 700.0}]},
+    ]  # fmt: skip
+    limits = raw_limits(raws)
+    assert limits["tokens_per_s"] == {1: 40.0, 32: 600.0}
+    assert limits["engine_tokens_per_s"] == {1: 41.0}  # only the run that measured it
+    assert limits["answers_tokens_per_s"] == {}
