@@ -162,12 +162,11 @@ def run_servers(
     with contextlib.ExitStack() as stack:
         running = [stack.enter_context(up) for up in ups]
         for round_ in range(args.rounds):
+            for server in running:
+                servers.setdefault(server.name, []).append([])
             for concurrency in args.concurrency.split(","):
                 for server in running:
-                    rounds = servers.setdefault(server.name, [])
-                    if len(rounds) <= round_:
-                        rounds.append([])
-                    rounds[round_].extend(drive(args, server, concurrency))
+                    servers[server.name][-1].extend(drive(args, server, concurrency))
             if round_ + 1 < args.rounds:
                 between_rounds()
     return servers
@@ -244,7 +243,12 @@ def main() -> None:
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     # the raw step before and after the servers (and between interleaved rounds): the machine
     # is shared, and each limit is the median of its measurements
-    raws = [in_process("--raw", folder, args, ["--concurrency", args.concurrency])]
+    raws: list[Any] = []
+
+    def measure_raw() -> None:
+        raws.append(in_process("--raw", folder, args, ["--concurrency", args.concurrency]))
+
+    measure_raw()
     ups: list[contextlib.AbstractContextManager[Running]] = []
     for name in args.servers.split(","):
         if name == "lantern":
@@ -255,13 +259,9 @@ def main() -> None:
             if not args.llamacpp_python:
                 parser.error("llamacpp needs --llamacpp-python")
             ups.append(llamacpp_up(args, args.work, args.gguf or smollm2_gguf()))
-
-    def raw_again() -> None:
-        raws.append(in_process("--raw", folder, args, ["--concurrency", args.concurrency]))
-
-    rounds = run_servers(args, ups, raw_again)
+    rounds = run_servers(args, ups, measure_raw)
     floor = in_process("--floor", folder, args, ["--requests", "8"])
-    raw_again()
+    measure_raw()
     servers = {name: median_levels(levels) for name, levels in rounds.items()}
     results |= {"servers": servers, "rounds": rounds, "floor": floor, "raw": raws}
     results["load_after"] = os.getloadavg()
