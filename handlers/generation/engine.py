@@ -9,6 +9,9 @@ iteration and returns a `StepOutput` for every sequence that produced something 
 One step is one forward pass (handlers/generation/ragged.py): one token for every running
 sequence and at most ``prefill_chunk_tokens`` of newcomers' prompts, packed together; a sequence
 whose prompt is complete emits its first token and decodes with the batch from the next step.
+A completed prompt's keys and values are kept (`PrefixCache`), and an admitted sequence whose
+prompt starts with a kept one prefills only the rest; one found whole but its last token joins
+the batch at once and decodes that token as a row of the step.
 The engine runs in the calling thread and uses torch's intra-op threads only (the worker's
 thread budget).
 """
@@ -23,9 +26,10 @@ from typing import Any
 import torch
 
 from handlers.exceptions import PredictionException, report_failure
-from handlers.generation.cache import BatchCache
+from handlers.generation.cache import BatchCache, Layers
 from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
 from handlers.generation.params import GenerationRequest, SamplingParams
+from handlers.generation.prefix import PrefixCache
 from handlers.generation.ragged import ChunkState, StepPlan, install, planned
 from handlers.generation.sampling import Sampler, TokenLogprobs, choose_greedy
 from handlers.generation.scheduler import EngineLimits, PrefillChunk, Scheduler
@@ -64,11 +68,17 @@ class Sequence:
     prefilled: int = 0
     output_ids: list[int] = field(default_factory=list)
     cache: Any = None  # its own cache while prefilling
+    prompt_stored: bool = False  # the prefix cache holds its whole prompt already
     arrived: float = field(default_factory=time.monotonic)
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def last_token(self) -> int:
+        """The token its next decode step feeds the model."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
@@ -106,6 +116,7 @@ class Engine:
         self._limits = limits
         self.scheduler: Scheduler[Sequence] = Scheduler(limits)
         self.batch = BatchCache()
+        self.prefixes = PrefixCache(limits.prefix_cache_tokens)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.device = getattr(model, "device", torch.device("cpu"))
@@ -130,6 +141,9 @@ class Engine:
             "reserved_tokens": s.reserved_tokens,
             "cached_tokens": self.batch.padded_tokens,
             "steps": self.steps,
+            "prefix_cache_tokens": self.prefixes.tokens,
+            "prefix_queried_tokens": self.prefixes.queried_tokens,
+            "prefix_hit_tokens": self.prefixes.hit_tokens,
         }
 
     def has_work(self) -> bool:
@@ -206,7 +220,7 @@ class Engine:
         next tokens and at most ``prefill_chunk_tokens`` of newcomers' prompts."""
         outputs = self._drop_cancelled()
         self._leave_batch()
-        self.scheduler.admit()
+        self._reuse_prefixes(self.scheduler.admit())
         running = len(self.batch)
         chunks = self.scheduler.plan_prefill()
         if running or chunks:
@@ -236,7 +250,7 @@ class Engine:
         rows = [by_id[key] for key in self.batch.keys]
         prefill = [c.sequence for c in chunks]
         assert all(isinstance(seq, Sequence) for seq in prefill)
-        ids = [seq.output_ids[-1] for seq in rows]
+        ids = [seq.last_token for seq in rows]
         positions = list(self.batch.lengths)  # each row's next position is its length
         states, last = [], []
         for chunk, seq in zip(chunks, prefill, strict=True):
@@ -274,8 +288,12 @@ class Engine:
             if chunk.last:
                 if state.keep:
                     self.batch.join(seq.request_id, state.layers, seq.prompt_len)
+                    prompt_layers = state.layers
                 else:
                     joining.append((seq.request_id, seq.prompt_len, state.offset))
+                    span = slice(state.offset, state.offset + seq.prompt_len)
+                    prompt_layers = [(k[:, :, span], v[:, :, span]) for k, v in plan.keys]
+                self._store_prefix(seq, prompt_layers, owned=state.keep)
                 seq.cache = None
                 emitting.append(seq)
                 at.append(len(rows) + i)
@@ -303,6 +321,45 @@ class Engine:
                 logits_to_keep=keep.to(self.device),
             )
         return out.logits[0].float().cpu()
+
+    def _reuse_prefixes(self, admitted: list[Sequence]) -> None:
+        """Start admitted sequences' prefills after the longest kept prefix of their prompts. A
+        prompt found whole but its last token joins the batch now and decodes that token with
+        it: one row of this step's decode, not a prefill chunk of its own (which costs an
+        attention call per layer)."""
+        found: list[tuple[Sequence, Layers]] = []
+        for seq in admitted:
+            hit = self.prefixes.lookup(seq.prompt_ids)
+            if hit is None:
+                continue
+            seq.prompt_stored = hit.whole
+            if hit.length == seq.prompt_len - 1:
+                found.append((seq, hit.layers))
+            else:
+                seq.cache, seq.prefilled = hit.layers, hit.length
+        if not found:
+            return
+        lengths = [seq.prompt_len - 1 for seq, _ in found]
+        offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+        packed = [
+            (
+                torch.cat([layers[i][0] for _, layers in found], dim=2),
+                torch.cat([layers[i][1] for _, layers in found], dim=2),
+            )
+            for i in range(len(found[0][1]))
+        ]
+        self.batch.join_packed([seq.request_id for seq, _ in found], lengths, offsets, packed)
+        for seq, _ in found:
+            self.scheduler.prefilled(PrefillChunk(seq, seq.prompt_len - 1, seq.prompt_len))
+
+    def _store_prefix(self, seq: Sequence, layers: Layers, owned: bool) -> None:
+        """Keep a prefilled prompt's keys and values (copied unless ``owned``: fresh tensors
+        that nothing else writes) for the prompts that start like it."""
+        if not self.prefixes.capacity or seq.prompt_stored:
+            return
+        if not owned:
+            layers = [(k.clone(), v.clone()) for k, v in layers]
+        self.prefixes.store(seq.prompt_ids, layers)
 
     def _leave_batch(self) -> None:
         if self._leaving:

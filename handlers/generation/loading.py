@@ -8,7 +8,8 @@ folder or a ``.gguf`` file, relative to the model directory) and ``dtype``. With
 ``.gguf`` file (transformers keeps its weights packed and computes them in float32); ``float32``,
 ``bfloat16`` and ``float16`` choose. On this project's CPU bfloat16 halves the decode step and
 the prefill (docs/performance.md). The engine's limits come from the same section:
-``max_running_sequences``, ``max_cached_tokens``, ``max_model_len`` and ``prefill_chunk_tokens``.
+``max_running_sequences``, ``max_cached_tokens``, ``max_model_len``, ``prefill_chunk_tokens`` and
+``prefix_cache_tokens`` (0 turns prefix caching off).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from handlers.generation.scheduler import EngineLimits
 DEFAULT_RUNNING = 8
 DEFAULT_CACHED_TOKENS = 16384
 DEFAULT_PREFILL_CHUNK = 256
-LIMIT_KEYS = ("max_running_sequences", "max_cached_tokens", "max_model_len", "prefill_chunk_tokens")
+DEFAULT_PREFIX_CACHE_TOKENS = 4096
+LIMIT_KEYS = (
+    "max_running_sequences",
+    "max_cached_tokens",
+    "max_model_len",
+    "prefill_chunk_tokens",
+    "prefix_cache_tokens",
+)
 
 
 def find_model(model_dir: str, config: dict) -> tuple[str, str | None]:
@@ -89,10 +97,11 @@ def load_model(model_dir: str, config: dict, device: Any) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer
 
 
-def _positive(config: dict, key: str, default: int) -> int:
+def _positive(config: dict, key: str, default: int, least: int = 1) -> int:
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HandlerLoadError(f"text_generation: handler.{key} must be a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+        raise HandlerLoadError(f"text_generation: handler.{key} must be {kind}")
     return value
 
 
@@ -116,4 +125,7 @@ def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLim
         max_cached_tokens=cached,
         max_model_len=model_len,
         prefill_chunk_tokens=_positive(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
+        prefix_cache_tokens=_positive(
+            config, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS, least=0
+        ),
     )

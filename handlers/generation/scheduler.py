@@ -41,6 +41,7 @@ class EngineLimits:
     max_cached_tokens: int
     max_model_len: int
     prefill_chunk_tokens: int
+    prefix_cache_tokens: int = 0  # prompts' keys and values kept for reuse (0: no prefix cache)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)

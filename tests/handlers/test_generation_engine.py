@@ -96,6 +96,9 @@ def test_greedy_beside_others_with_late_joins_equals_generate(model, tokenizer):
         "reserved_tokens": 0,
         "cached_tokens": 0,
         "steps": engine.steps,
+        "prefix_cache_tokens": 0,  # off in these engines
+        "prefix_queried_tokens": 0,
+        "prefix_hit_tokens": 0,
     }
 
 
@@ -316,3 +319,75 @@ def test_penalties_change_greedy_output_and_logprobs_are_reported(model, tokeniz
     for lp in lps:  # greedy: the chosen token is the most likely one
         assert len(lp.top) == 2 and lp.top[0][0] == lp.token_id and lp.logprob <= 0
     assert seen["pen"][0].logprobs is None
+
+
+@pytest.mark.parametrize("chunk", [256, 8])  # stored from the step's packed keys / its own cache
+def test_a_repeated_prompt_joins_the_batch_at_once_and_equals_generate(model, tokenizer, chunk):
+    engine = Engine(model, tokenizer, EngineLimits(8, 4096, 256, chunk, prefix_cache_tokens=512))
+    prompt_len = len(tokenizer.encode(PROMPTS[1]))
+    assert prompt_len > 16  # a block and more
+    expected = reference(model, tokenizer, PROMPTS[1], 24)
+    engine.add("first", GenerationRequest(PROMPTS[1], GREEDY))
+    early = engine.step()  # its prompt (or first chunk) runs; nothing stored yet
+    engine.add("beside", GenerationRequest(PROMPTS[0], GREEDY))
+    first = drain(engine)
+    assert engine.stats()["prefix_cache_tokens"] >= prompt_len
+    engine.add("again", GenerationRequest(PROMPTS[1], GREEDY))
+    again = engine.step()  # its last token decodes as a row of the batch: no prefill at all
+    assert engine.last_step == {"decoded": 1, "prefill_tokens": 0}
+    again += drain(engine)["again"]
+    assert tokens(early + first["first"]) == tokens(again) == expected
+    assert tokens(first["beside"]) == reference(model, tokenizer, PROMPTS[0], 24)
+    stats = engine.stats()
+    assert stats["prefix_hit_tokens"] == prompt_len - 1
+    assert stats["prefix_queried_tokens"] == 2 * prompt_len + len(tokenizer.encode(PROMPTS[0]))
+
+
+def test_a_continuation_reuses_the_stored_prompt_while_it_still_runs(model, tokenizer):
+    limits = EngineLimits(8, 4096, 256, 8, prefix_cache_tokens=512)
+    engine = Engine(model, tokenizer, limits)
+    turn = PROMPTS[1] + " and the batch"  # the next chat turn starts with the first one
+    engine.add("first", GenerationRequest(PROMPTS[1], GREEDY))
+    early = []
+    while engine.stats()["running"] < 1:
+        early += engine.step()
+    engine.add("next", GenerationRequest(turn, GREEDY))  # the first one is decoding beside it
+    early += engine.step()
+    new_tokens = len(tokenizer.encode(turn)) - len(tokenizer.encode(PROMPTS[1]))
+    assert engine.last_step["prefill_tokens"] == min(new_tokens, 8)
+    seen = drain(engine)
+    for out in reversed(early):
+        seen[out.request_id].insert(0, out)
+    assert tokens(seen["next"]) == reference(model, tokenizer, turn, 24)
+    assert tokens(seen["first"]) == reference(model, tokenizer, PROMPTS[1], 24)
+
+
+def test_without_a_prefix_cache_every_prompt_is_prefilled_whole(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=256)  # prefix_cache_tokens defaults to 0
+    for name in ("a", "b"):
+        engine.add(name, GenerationRequest(PROMPTS[1], GREEDY))
+        engine.step()
+        assert engine.last_step["prefill_tokens"] == len(tokenizer.encode(PROMPTS[1]))
+        drain(engine)
+    assert engine.stats()["prefix_hit_tokens"] == engine.stats()["prefix_cache_tokens"] == 0
+
+
+def test_repeated_prompts_of_different_lengths_join_a_running_batch_together(model, tokenizer):
+    engine = Engine(model, tokenizer, EngineLimits(8, 4096, 256, 256, prefix_cache_tokens=512))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(f"first{i}", GenerationRequest(prompt, GREEDY))
+    drain(engine)
+    engine.add("running", GenerationRequest("the batch", GREEDY))
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    for out in engine.step() + engine.step():
+        seen[out.request_id].append(out)
+    for i, prompt in enumerate(PROMPTS):  # all four found whole: one packed join, no prefill
+        engine.add(str(i), GenerationRequest(prompt, GREEDY))
+    for out in engine.step():
+        seen[out.request_id].append(out)
+    assert engine.last_step == {"decoded": 5, "prefill_tokens": 0}
+    for key, outs in drain(engine).items():
+        seen[key] += outs
+    for i, prompt in enumerate(PROMPTS):
+        assert tokens(seen[str(i)]) == reference(model, tokenizer, prompt, 24), prompt
+    assert tokens(seen["running"]) == reference(model, tokenizer, "the batch", 24)

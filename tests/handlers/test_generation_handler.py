@@ -77,6 +77,7 @@ def test_the_builtin_resolves_and_reports_its_limits(service):
         "max_cached_tokens": 1024,
         "max_model_len": 256,
         "prefill_chunk_tokens": 8,
+        "prefix_cache_tokens": 4096,  # the default
     }
     assert described["stats"]["running"] == 0
 
@@ -223,10 +224,14 @@ def test_engine_limits_come_from_the_handler_section(service):
         "max_cached_tokens": 16384,
         "max_model_len": 256,  # the model's own context
         "prefill_chunk_tokens": 256,
+        "prefix_cache_tokens": 4096,
     }
+    assert engine_limits({"prefix_cache_tokens": 0}, model, 1).prefix_cache_tokens == 0  # off
     assert engine_limits({}, model, 6).max_running_sequences == 6  # batchSize, when set
     assert engine_limits({"max_cached_tokens": 100}, model, 1).max_model_len == 256
     with pytest.raises(HandlerLoadError, match="exceeds the model's context 256"):
         engine_limits({"max_model_len": 512}, model, 1)
     with pytest.raises(HandlerLoadError, match="must be a positive integer"):
         engine_limits({"prefill_chunk_tokens": 0}, model, 1)
+    with pytest.raises(HandlerLoadError, match="prefix_cache_tokens must be an integer of"):
+        engine_limits({"prefix_cache_tokens": -1}, model, 1)
