@@ -85,6 +85,9 @@ _ENGINE_KEYS = {
     "reserved_tokens": "reservedTokens",
     "cached_tokens": "cachedTokens",
     "steps": "steps",
+    "prefix_cache_tokens": "prefixCacheTokens",
+    "prefix_queried_tokens": "prefixQueriedTokens",
+    "prefix_hit_tokens": "prefixHitTokens",
 }
 
 

@@ -94,6 +94,22 @@ class ServingCollector(_RegistryCollector):
             "Sequences waiting inside each generative engine for its budget.",
             labels=[*_MODEL, "worker"],
         )
+        # vLLM's vllm:prefix_cache_queries / _hits (prompt tokens), per engine since its start.
+        prefix_held = GaugeMetricFamily(
+            "serve_engine_prefix_cache_tokens",
+            "Prompt token positions each engine's prefix cache holds for reuse.",
+            labels=[*_MODEL, "worker"],
+        )
+        prefix_queries = CounterMetricFamily(
+            "serve_engine_prefix_cache_queries",
+            "Prompt tokens each engine looked up in its prefix cache.",
+            labels=[*_MODEL, "worker"],
+        )
+        prefix_hits = CounterMetricFamily(
+            "serve_engine_prefix_cache_hits",
+            "Prompt tokens each engine found in its prefix cache (not prefilled again).",
+            labels=[*_MODEL, "worker"],
+        )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
             depth.add_metric(key, mv.pending_requests())
@@ -115,6 +131,10 @@ class ServingCollector(_RegistryCollector):
                     active = engine.get("running", 0) + engine.get("prefilling", 0)
                     engine_running.add_metric(labels, active)
                     engine_waiting.add_metric(labels, engine.get("waiting", 0))
+                    if "prefix_hit_tokens" in engine:
+                        prefix_held.add_metric(labels, engine.get("prefix_cache_tokens", 0))
+                        prefix_queries.add_metric(labels, engine.get("prefix_queried_tokens", 0))
+                        prefix_hits.add_metric(labels, engine["prefix_hit_tokens"])
                 if info.pid is not None and state is not WorkerState.DEAD:
                     memory = process_memory(info.pid)
                     if memory is not None:
@@ -132,6 +152,8 @@ class ServingCollector(_RegistryCollector):
             yield from (running, waiting)
         if engine_running.samples:
             yield from (kv_usage, engine_running, engine_waiting)
+        if prefix_hits.samples:
+            yield from (prefix_held, prefix_queries, prefix_hits)
 
     def _process_memory(self) -> Iterator[Metric]:
         spares = [process_memory(pid) for pid in self.serving.spares.ready_pids()]

@@ -332,7 +332,9 @@ def decode_cancel(frame: Frame) -> Cancel:
     return Cancel(frame.seq, str(frame.meta.get("reason") or "cancelled"))
 
 
-# The engine's live counts, as `handlers.generation.engine.Engine.stats` names them.
+# The engine's live counts, as `handlers.generation.engine.Engine.stats` names them (its stats
+# also hold the prefix cache's figures, which outlive requests: ``prefix_cache_tokens`` held,
+# ``prefix_queried_tokens`` and ``prefix_hit_tokens`` counted since the worker started).
 ENGINE_STATS = ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens", "steps")
 
 

@@ -19,6 +19,9 @@ STATS = {
     "reserved_tokens": 250,
     "cached_tokens": 180,
     "steps": 42,
+    "prefix_cache_tokens": 96,
+    "prefix_queried_tokens": 400,
+    "prefix_hit_tokens": 300,
 }
 
 
@@ -56,6 +59,9 @@ def test_describe_and_metrics_show_each_engines_live_counts(tmp_path: Path) -> N
                 "reservedTokens": 250,
                 "cachedTokens": 180,
                 "steps": 42,
+                "prefixCacheTokens": 96,
+                "prefixQueriedTokens": 400,
+                "prefixHitTokens": 300,
                 "kvCacheUsage": 0.25,  # 250 of 1000 positions reserved
             }
             labels = (("model", "llm"), ("version", "1.0"), ("worker", worker["id"]))
@@ -63,5 +69,8 @@ def test_describe_and_metrics_show_each_engines_live_counts(tmp_path: Path) -> N
             assert found["serve_kv_cache_usage_perc"] == {labels: 0.25}
             assert found["serve_engine_num_requests_running"] == {labels: 3.0}  # 2 + 1 prefilling
             assert found["serve_engine_num_requests_waiting"] == {labels: 1.0}
+            assert found["serve_engine_prefix_cache_tokens"] == {labels: 96.0}
+            assert found["serve_engine_prefix_cache_queries_total"] == {labels: 400.0}
+            assert found["serve_engine_prefix_cache_hits_total"] == {labels: 300.0}
 
     run(body)
