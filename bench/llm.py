@@ -195,6 +195,12 @@ def main() -> None:
     parser.add_argument("--pid", type=int, help="the server's root process: CPU of its tree")
     parser.add_argument("--raw", metavar="MODEL_DIR", help="the batched decode step in-process")
     parser.add_argument("--steps", type=int, default=16, help="decode steps per batch for --raw")
+    parser.add_argument(
+        "--load-limit",
+        action="store_true",
+        help="--raw also runs Lantern's engine in-process under the load's pattern (--requests, "
+        "--waves): bench/llm_raw.py's engine_load",
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
@@ -211,6 +217,8 @@ def main() -> None:
             args.dtype,
             prompts=PROMPTS,
             max_tokens=args.max_tokens,
+            load_requests=args.requests if args.load_limit else 0,
+            load_waves=args.waves,
         )
         print(json.dumps(levels), flush=True)
         return

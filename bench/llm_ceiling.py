@@ -5,9 +5,10 @@
 One Lantern server (``serve start --foreground`` on ``STORE/smollm2.mar``) stays up; each round
 runs the raw limits in their own process (``bench.llm --raw`` at a batch of ``--concurrency``: the
 transformers decode step, Lantern's engine stepping in-process, whole answers by one batched
-``generate``), then drives the server at ``--concurrency`` streams (``bench.llm``), so that every
-ratio compares two runs taken seconds apart: on a shared machine the speed moves from minute to
-minute (20% here), and a ratio of runs minutes apart says more about the machine than the server.
+``generate``, Lantern's engine in-process under the same load: bench/llm_raw.py), then drives
+the server at ``--concurrency`` streams (``bench.llm``), so that every ratio compares two runs
+taken seconds apart: on a shared machine the speed moves from minute to minute (20% here), and a
+ratio of runs minutes apart says more about the machine than the server.
 Prints one row per round (after bench.llm's own line for each served run) and the median of
 each ratio; ``--json`` keeps every figure.
 """
@@ -28,6 +29,7 @@ RATIOS = (
     ("raw step", "tokens_per_s"),
     ("whole answers", "answers_tokens_per_s"),
     ("engine step", "engine_tokens_per_s"),
+    ("engine under load", "engine_load_tokens_per_s"),
 )
 
 
@@ -35,6 +37,7 @@ def row(round_: int, raw: dict[str, Any], lantern: dict[str, Any]) -> tuple[str,
     tps = float(lantern["output_tokens_per_s"])
     ratios = {name: tps / raw[key] for name, key in RATIOS if raw.get(key)}
     limits = [f"{raw.get(key, 0):.0f}" for _, key in RATIOS]
+    limits.append(f"{raw.get('engine_load_no_prefix_tokens_per_s', 0):.0f}")
     cells = [f"{round_}", f"{raw['step_p50_s'] * 1000:.1f}", *limits, f"{tps:.0f}",
              f"{lantern['itl_p50_s'] * 1000:.1f}", str(lantern["errors"]),
              *(f"{ratios.get(name, 0):.2f}x" for name, _ in RATIOS)]  # fmt: skip
@@ -52,12 +55,14 @@ def main() -> None:
     parser.add_argument("--dtype", default=auto_dtype("cpu"), help="of the raw limits")
     args = parse_with_run_arguments(parser)
     folder = unpack(args.store, args.work)
-    extra = ["--concurrency", str(args.concurrency)]
+    extra = ["--concurrency", str(args.concurrency), "--load-limit", "--requests",
+             str(args.requests), "--waves", str(args.waves)]  # fmt: skip
     print(f"c={args.concurrency}, {args.max_tokens} tokens per answer, {args.waves} waves")
     print("| round | raw step ms | raw step tok/s | whole answers tok/s | engine step tok/s "
-          "| Lantern tok/s | Lantern ITL p50 ms | errors "
-          "| vs raw step | vs whole answers | vs engine step |")  # fmt: skip
-    print("|---" * 11 + "|")
+          "| engine under load tok/s | the same, no prefix cache | Lantern tok/s "
+          "| Lantern ITL p50 ms | errors "
+          "| vs raw step | vs whole answers | vs engine step | vs engine under load |")  # fmt: skip
+    print("|---" * 14 + "|")
     rounds: list[dict[str, Any]] = []
     concurrency = str(args.concurrency)
     with lantern_up(args, args.work) as server:

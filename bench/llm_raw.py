@@ -16,6 +16,14 @@ copies of the prompt added at once, the median of its full-batch decode steps (t
 worker runs it: the packed forward, sampling, detokenizing). Its forward is not transformers'
 (its own attention and cache: handlers/generation/ragged.py), so it can be faster than the raw
 step; a server's tokens/s against it is what serving costs beyond the engine.
+
+``engine_load_tokens_per_s`` (given ``load_requests``, with ``load_waves``: bench.llm's
+``--requests`` and ``--waves``) is Lantern's engine in this process under the load generator's
+pattern: ``batch`` streams, each adding its next prompt (the bench's prompts in turn) the step
+its last answer ends, until as many requests as bench.llm sends are answered, with the prefix
+cache as a served worker has it (``engine_load_no_prefix_tokens_per_s``: without). It
+holds everything the served engine does — prefills as requests come and go, rows of different
+lengths — and nothing of the server: a server's tokens/s against it is what serving costs.
 """
 
 from __future__ import annotations
@@ -66,6 +74,43 @@ def engine_steps(model: Any, tokenizer: Any, prompt: str, batch: int, steps: int
     return times
 
 
+def engine_load(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    streams: int,
+    requests: int,
+    max_tokens: int,
+    prefix_cache_tokens: int,
+) -> tuple[int, float]:
+    """(tokens, seconds) of Lantern's engine answering ``requests`` prompts over ``streams``
+    streams, each stream's next prompt added the step its last answer ends."""
+    from handlers.generation.engine import Engine
+    from handlers.generation.loading import DEFAULT_CACHED_TOKENS
+    from handlers.generation.params import GenerationRequest, SamplingParams
+    from handlers.generation.scheduler import EngineLimits
+
+    limits = EngineLimits(streams, DEFAULT_CACHED_TOKENS, 2048, 256, prefix_cache_tokens)
+    engine = Engine(model, tokenizer, limits)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    queue = [prompts[i % len(prompts)] for i in range(requests)]
+    queue.reverse()
+
+    def send() -> None:
+        engine.add(str(len(queue)), GenerationRequest(queue.pop(), params))
+
+    started = time.perf_counter()
+    for _ in range(min(streams, len(queue))):
+        send()
+    produced = 0
+    while engine.has_work():
+        for out in engine.step():
+            produced += len(out.token_ids)
+            if out.finished and queue:
+                send()
+    return produced, time.perf_counter() - started
+
+
 def answer_batch(model: Any, tokenizer: Any, prompts: list[str], max_tokens: int) -> float:
     """Seconds to answer ``prompts`` together with ``max_tokens`` tokens each (greedy)."""
     import torch
@@ -97,11 +142,13 @@ def raw(
     dtype: str = "auto",
     prompts: list[str] | None = None,
     max_tokens: int = 32,
+    load_requests: int = 0,
+    load_waves: int = 1,
 ) -> dict[str, Any]:
     """Per batch size: the decode step's p50 and tokens/s (``batch / p50``)."""
     import torch
 
-    from handlers.generation.loading import load_model
+    from handlers.generation.loading import DEFAULT_PREFIX_CACHE_TOKENS, load_model
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_dir, {"dtype": dtype}, torch.device("cpu"))
@@ -125,5 +172,15 @@ def raw(
             answer_batch(model, tokenizer, group, 2)  # warm
             seconds = min(answer_batch(model, tokenizer, group, max_tokens) for _ in range(2))
             level["answers_tokens_per_s"] = batch * max_tokens / seconds
+        if prompts and load_requests:
+            requests = max(load_requests, load_waves * batch)  # as bench.llm's level
+            for key, capacity in (
+                ("engine_load", DEFAULT_PREFIX_CACHE_TOKENS),
+                ("engine_load_no_prefix", 0),
+            ):
+                produced, seconds = engine_load(
+                    model, tokenizer, prompts, batch, requests, max_tokens, capacity
+                )
+                level[f"{key}_tokens_per_s"] = produced / seconds
         levels.append(level)
     return {"raw": True, "threads": threads, "steps": steps, "dtype": dtype, "levels": levels}
