@@ -97,7 +97,7 @@ def load_model(model_dir: str, config: dict, device: Any) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer
 
 
-def _positive(config: dict, key: str, default: int, least: int = 1) -> int:
+def _integer(config: dict, key: str, default: int, least: int = 1) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
@@ -112,20 +112,20 @@ def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLim
     400, one that the model allows but this worker's budget never can hold is a 507.
     """
     running_default = batch_size if batch_size and batch_size > 1 else DEFAULT_RUNNING
-    cached = _positive(config, "max_cached_tokens", DEFAULT_CACHED_TOKENS)
+    cached = _integer(config, "max_cached_tokens", DEFAULT_CACHED_TOKENS)
     context = model_context_length(model) or cached
-    model_len = _positive(config, "max_model_len", context)
+    model_len = _integer(config, "max_model_len", context)
     if model_len > context:
         raise HandlerLoadError(
             f"text_generation: handler.max_model_len {model_len} exceeds the model's "
             f"context {context}"
         )
     return EngineLimits(
-        max_running_sequences=_positive(config, "max_running_sequences", running_default),
+        max_running_sequences=_integer(config, "max_running_sequences", running_default),
         max_cached_tokens=cached,
         max_model_len=model_len,
-        prefill_chunk_tokens=_positive(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
-        prefix_cache_tokens=_positive(
+        prefill_chunk_tokens=_integer(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
+        prefix_cache_tokens=_integer(
             config, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS, least=0
         ),
     )
