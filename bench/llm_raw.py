@@ -86,11 +86,14 @@ def engine_load(
     """(tokens, seconds) of Lantern's engine answering ``requests`` prompts over ``streams``
     streams, each stream's next prompt added the step its last answer ends."""
     from handlers.generation.engine import Engine
-    from handlers.generation.loading import DEFAULT_CACHED_TOKENS
+    from handlers.generation.loading import DEFAULT_CACHED_TOKENS, DEFAULT_PREFILL_CHUNK
     from handlers.generation.params import GenerationRequest, SamplingParams
     from handlers.generation.scheduler import EngineLimits
 
-    limits = EngineLimits(streams, DEFAULT_CACHED_TOKENS, 2048, 256, prefix_cache_tokens)
+    # a served worker's limits (examples/llm's max_model_len 2048, the default prefill chunk)
+    limits = EngineLimits(
+        streams, DEFAULT_CACHED_TOKENS, 2048, DEFAULT_PREFILL_CHUNK, prefix_cache_tokens
+    )
     engine = Engine(model, tokenizer, limits)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     queue = [prompts[i % len(prompts)] for i in range(requests)]
