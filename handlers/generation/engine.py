@@ -217,15 +217,18 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """One iteration: cancellations, admission, then one forward pass for the running batch's
-        next tokens and at most ``prefill_chunk_tokens`` of newcomers' prompts."""
-        outputs = self._drop_cancelled()
-        self._leave_batch()
-        self._reuse_prefixes(self.scheduler.admit())
-        running = len(self.batch)
-        chunks = self.scheduler.plan_prefill()
-        if running or chunks:
-            outputs += self._forward_step(chunks)
+        next tokens and at most ``prefill_chunk_tokens`` of newcomers' prompts. All of it runs
+        in inference mode: the forward's tensors (its logits, the step's keys) are inference
+        tensors, which may be written in place only there."""
+        with torch.inference_mode():
+            outputs = self._drop_cancelled()
             self._leave_batch()
+            self._reuse_prefixes(self.scheduler.admit())
+            running = len(self.batch)
+            chunks = self.scheduler.plan_prefill()
+            if running or chunks:
+                outputs += self._forward_step(chunks)
+                self._leave_batch()
         self.steps += 1
         self.last_step = {
             "decoded": running,
@@ -313,7 +316,7 @@ class Engine:
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
     ) -> torch.Tensor:
         """The packed forward: logits (float, on the CPU) at the positions in ``keep``."""
-        with torch.inference_mode(), planned(plan):
+        with planned(plan):
             out = self.model(
                 input_ids=input_ids.to(self.device),
                 position_ids=positions.to(self.device),
