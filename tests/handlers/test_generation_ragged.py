@@ -1,4 +1,5 @@
-"""The packed step's attention pieces: soft-capped attention, and models it cannot serve."""
+"""The packed step's attention pieces: the decode rows' attention in either layout, soft-capped
+attention, and models it cannot serve."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handlers.generation.ragged import _sdpa, install
+from handlers.generation.ragged import _sdpa, decode_attention, install
 
 
 def test_softcapped_attention_is_plain_attention_when_the_cap_is_far() -> None:
@@ -27,3 +28,29 @@ def test_a_model_whose_attention_cannot_be_swapped_is_refused() -> None:
 
     with pytest.raises(ValueError, match="attention interface"):
         install(Opaque())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two layouts
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_decode_attention_is_each_rows_attention_over_its_columns(dtype, masked, softcap) -> None:
+    gen = torch.Generator().manual_seed(1)
+    rows, heads, kv_heads, width, dim = 3, 6, 2, 7, 8
+    q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(rows, kv_heads, width, dim, generator=gen).to(dtype)
+    v = torch.randn(rows, kv_heads, width, dim, generator=gen).to(dtype)
+    lengths = [7, 4, 1] if masked else [width] * rows
+    mask = None
+    if masked:
+        mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    got = decode_attention(q, k, v, mask, None, softcap)
+    assert got.shape == (rows, heads, dim) and got.dtype == dtype
+    for row, n in enumerate(lengths):  # one row alone, its own columns only, heads expanded
+        rk = k[row, :, :n].float().repeat_interleave(heads // kv_heads, 0)
+        rv = v[row, :, :n].float().repeat_interleave(heads // kv_heads, 0)
+        scores = q[row].float()[:, None, :] @ rk.transpose(-1, -2) * dim**-0.5
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        want = (scores.softmax(-1) @ rv)[:, 0]
+        tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        assert torch.allclose(got[row].float(), want, atol=tolerance), (row, dtype)
