@@ -11,7 +11,9 @@ sequence and at most ``prefill_chunk_tokens`` of newcomers' prompts, packed toge
 whose prompt is complete emits its first token and decodes with the batch from the next step.
 A completed prompt's keys and values are kept (`PrefixCache`), and an admitted sequence whose
 prompt starts with a kept one prefills only the rest; one found whole but its last token joins
-the batch at once and decodes that token as a row of the step.
+the batch at once and decodes that token as a row of the step. Sequences admitted with the
+same prompt share one prefill: the later ones join with the first from its keys and values and
+take their first tokens from its logits (`PrefillChunk.riders`).
 The engine runs in the calling thread and uses torch's intra-op threads only (the worker's
 thread budget).
 """
@@ -70,6 +72,10 @@ class Sequence:
     cache: Any = None  # its own cache while prefilling
     prompt_stored: bool = False  # the prefix cache holds its whole prompt already
     arrived: float = field(default_factory=time.monotonic)
+    prompt_key: tuple[int, ...] = field(init=False)  # equal prompts share a prefill
+
+    def __post_init__(self) -> None:
+        self.prompt_key = tuple(self.prompt_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -124,6 +130,7 @@ class Engine:
         self._cancelled: set[str] = set()
         self._leaving: set[str] = set()  # ended this step: their rows go together (`_leave_batch`)
         self.steps = 0
+        self.shared_prompt_tokens = 0  # prompt tokens a rider did not prefill (its first's did)
         self.last_step: dict[str, int] = {}
 
     # -- the worker's interface ---------------------------------------------------------------
@@ -144,6 +151,7 @@ class Engine:
             "prefix_cache_tokens": self.prefixes.tokens,
             "prefix_queried_tokens": self.prefixes.queried_tokens,
             "prefix_hit_tokens": self.prefixes.hit_tokens,
+            "shared_prompt_tokens": self.shared_prompt_tokens,
         }
 
     def has_work(self) -> bool:
@@ -286,24 +294,29 @@ class Engine:
         emitting, at = list(rows), list(range(len(rows)))
         joining: list[tuple[str, int, int]] = []  # (key, length, offset) in the step's keys
         for i, (chunk, seq, state) in enumerate(zip(chunks, prefill, states, strict=True)):
+            self.shared_prompt_tokens += sum(r.prompt_len - r.prefilled for r in chunk.riders)
             self.scheduler.prefilled(chunk)
             seq.cache = state.layers
-            if chunk.last:
+            if not chunk.last:
+                continue
+            if state.keep:
+                prompt_layers = state.layers
+            else:
+                span = slice(state.offset, state.offset + seq.prompt_len)
+                prompt_layers = [(k[:, :, span], v[:, :, span]) for k, v in plan.keys]
+            self._store_prefix(seq, prompt_layers, owned=state.keep)
+            for joiner in (seq, *chunk.riders):  # a rider's prompt is its first's
                 if state.keep:
-                    self.batch.join(seq.request_id, state.layers, seq.prompt_len)
-                    prompt_layers = state.layers
+                    self.batch.join(joiner.request_id, state.layers, seq.prompt_len)
                 else:
-                    joining.append((seq.request_id, seq.prompt_len, state.offset))
-                    span = slice(state.offset, state.offset + seq.prompt_len)
-                    prompt_layers = [(k[:, :, span], v[:, :, span]) for k, v in plan.keys]
-                self._store_prefix(seq, prompt_layers, owned=state.keep)
-                seq.cache = None
-                emitting.append(seq)
+                    joining.append((joiner.request_id, seq.prompt_len, state.offset))
+                joiner.cache = None
+                emitting.append(joiner)
                 at.append(len(rows) + i)
         if joining:
             keys, lengths, offsets = (list(column) for column in zip(*joining, strict=True))
             self.batch.join_packed(keys, lengths, offsets, plan.keys)
-        if len(at) < logits.shape[0]:
+        if at != list(range(logits.shape[0])):  # riders take copies of their first's row
             logits = logits[at]
         try:
             greedy = choose_greedy([seq.sampler for seq in emitting], logits)

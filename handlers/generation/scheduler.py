@@ -5,12 +5,15 @@ Pure bookkeeping (no tensors), so it is table-tested on its own. A sequence rese
 cache mid-generation and nothing is ever pre-empted; admission is first come, first served (the
 oldest waiting sequence is never overtaken by a smaller one). Each step prefills at most
 ``prefill_chunk_tokens`` prompt tokens (oldest prefill first, a long prompt over several steps),
-which bounds how long a step of the running streams can be held up by newcomers.
+which bounds how long a step of the running streams can be held up by newcomers. A prompt
+being prefilled is prefilled once: admitted sequences with the same prompt (``prompt_key``) ride
+on the oldest one's chunks, take none of the budget, and join the batch when its last chunk runs.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -26,6 +29,9 @@ class Schedulable(Protocol):
 
     @property
     def reserved(self) -> int: ...  # cache positions held while admitted: prompt + max_tokens
+
+    @property
+    def prompt_key(self) -> Hashable: ...  # equal for equal prompts
 
     prefilled: int  # prompt tokens already in its cache
 
@@ -54,6 +60,7 @@ class PrefillChunk(Generic[S]):
     sequence: S
     start: int
     end: int
+    riders: tuple[S, ...] = ()  # admitted later with the same prompt: they join when it ends
 
     @property
     def last(self) -> bool:
@@ -94,24 +101,39 @@ class Scheduler(Generic[S]):
         return moved
 
     def plan_prefill(self) -> list[PrefillChunk[S]]:
-        """This step's prefill work: up to ``prefill_chunk_tokens`` prompt tokens, oldest first."""
+        """This step's prefill work: up to ``prefill_chunk_tokens`` prompt tokens, oldest first;
+        a sequence whose prompt an older one is prefilling waits for it (a rider of its last
+        chunk when that runs this step)."""
         budget = self.limits.prefill_chunk_tokens
-        chunks: list[PrefillChunk[S]] = []
+        first: dict[Hashable, S] = {}  # the oldest prefilling sequence of each prompt
+        riders: dict[Hashable, list[S]] = {}
+        planned: list[tuple[S, int]] = []
         for seq in self.prefilling:
-            if budget <= 0:
-                break
-            n = min(seq.prompt_len - seq.prefilled, budget)
-            chunks.append(PrefillChunk(seq, seq.prefilled, seq.prefilled + n))
-            budget -= n
+            key = seq.prompt_key
+            if key in first:
+                riders.setdefault(key, []).append(seq)
+                continue
+            first[key] = seq
+            if budget > 0:
+                n = min(seq.prompt_len - seq.prefilled, budget)
+                planned.append((seq, n))
+                budget -= n
+        chunks: list[PrefillChunk[S]] = []
+        for seq, n in planned:
+            end = seq.prefilled + n
+            waiting = riders.get(seq.prompt_key, []) if end == seq.prompt_len else []
+            chunks.append(PrefillChunk(seq, seq.prefilled, end, tuple(waiting)))
         return chunks
 
     def prefilled(self, chunk: PrefillChunk[S]) -> None:
-        """Record a chunk as done; the last chunk moves its sequence to the running batch."""
-        seq = chunk.sequence
-        seq.prefilled = chunk.end
+        """Record a chunk as done; the last chunk moves its sequence and its riders to the
+        running batch."""
+        chunk.sequence.prefilled = chunk.end
         if chunk.last:
-            self.prefilling.remove(seq)
-            self.running.append(seq)
+            for seq in (chunk.sequence, *chunk.riders):
+                seq.prefilled = seq.prompt_len
+                self.prefilling.remove(seq)
+                self.running.append(seq)
 
     def remove(self, sequence: S) -> None:
         """Take a sequence out wherever it is (finished, cancelled or failed); frees its budget."""

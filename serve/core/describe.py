@@ -88,6 +88,7 @@ _ENGINE_KEYS = {
     "prefix_cache_tokens": "prefixCacheTokens",
     "prefix_queried_tokens": "prefixQueriedTokens",
     "prefix_hit_tokens": "prefixHitTokens",
+    "shared_prompt_tokens": "sharedPromptTokens",
 }
 
 

@@ -110,6 +110,12 @@ class ServingCollector(_RegistryCollector):
             "Prompt tokens each engine found in its prefix cache (not prefilled again).",
             labels=[*_MODEL, "worker"],
         )
+        shared = CounterMetricFamily(
+            "serve_engine_shared_prompt_tokens",
+            "Prompt tokens each engine did not prefill: an equal prompt admitted beside them "
+            "was prefilled once for all.",
+            labels=[*_MODEL, "worker"],
+        )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
             depth.add_metric(key, mv.pending_requests())
@@ -135,6 +141,8 @@ class ServingCollector(_RegistryCollector):
                         prefix_held.add_metric(labels, engine.get("prefix_cache_tokens", 0))
                         prefix_queries.add_metric(labels, engine.get("prefix_queried_tokens", 0))
                         prefix_hits.add_metric(labels, engine["prefix_hit_tokens"])
+                    if "shared_prompt_tokens" in engine:
+                        shared.add_metric(labels, engine["shared_prompt_tokens"])
                 if info.pid is not None and state is not WorkerState.DEAD:
                     memory = process_memory(info.pid)
                     if memory is not None:
@@ -154,6 +162,8 @@ class ServingCollector(_RegistryCollector):
             yield from (kv_usage, engine_running, engine_waiting)
         if prefix_hits.samples:
             yield from (prefix_held, prefix_queries, prefix_hits)
+        if shared.samples:
+            yield shared
 
     def _process_memory(self) -> Iterator[Metric]:
         spares = [process_memory(pid) for pid in self.serving.spares.ready_pids()]

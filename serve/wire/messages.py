@@ -334,7 +334,8 @@ def decode_cancel(frame: Frame) -> Cancel:
 
 # The engine's live counts, as `handlers.generation.engine.Engine.stats` names them (its stats
 # also hold the prefix cache's figures, which outlive requests: ``prefix_cache_tokens`` held,
-# ``prefix_queried_tokens`` and ``prefix_hit_tokens`` counted since the worker started).
+# ``prefix_queried_tokens`` and ``prefix_hit_tokens`` counted since the worker started, and
+# ``shared_prompt_tokens``, the prompt tokens not prefilled because an equal prompt was).
 ENGINE_STATS = ("waiting", "prefilling", "running", "reserved_tokens", "cached_tokens", "steps")
 
 

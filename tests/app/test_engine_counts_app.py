@@ -22,6 +22,7 @@ STATS = {
     "prefix_cache_tokens": 96,
     "prefix_queried_tokens": 400,
     "prefix_hit_tokens": 300,
+    "shared_prompt_tokens": 120,
 }
 
 
@@ -62,6 +63,7 @@ def test_describe_and_metrics_show_each_engines_live_counts(tmp_path: Path) -> N
                 "prefixCacheTokens": 96,
                 "prefixQueriedTokens": 400,
                 "prefixHitTokens": 300,
+                "sharedPromptTokens": 120,
                 "kvCacheUsage": 0.25,  # 250 of 1000 positions reserved
             }
             labels = (("model", "llm"), ("version", "1.0"), ("worker", worker["id"]))
@@ -72,5 +74,6 @@ def test_describe_and_metrics_show_each_engines_live_counts(tmp_path: Path) -> N
             assert found["serve_engine_prefix_cache_tokens"] == {labels: 96.0}
             assert found["serve_engine_prefix_cache_queries_total"] == {labels: 400.0}
             assert found["serve_engine_prefix_cache_hits_total"] == {labels: 300.0}
+            assert found["serve_engine_shared_prompt_tokens_total"] == {labels: 120.0}
 
     run(body)

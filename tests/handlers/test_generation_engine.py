@@ -100,6 +100,7 @@ def test_greedy_beside_others_with_late_joins_equals_generate(model, tokenizer):
         "prefix_cache_tokens": 0,  # off in these engines
         "prefix_queried_tokens": 0,
         "prefix_hit_tokens": 0,
+        "shared_prompt_tokens": 0,  # four different prompts
     }
 
 
@@ -395,3 +396,87 @@ def test_repeated_prompts_of_different_lengths_join_a_running_batch_together(mod
     for i, prompt in enumerate(PROMPTS):
         assert tokens(seen[str(i)]) == reference(model, tokenizer, prompt, 24), prompt
     assert tokens(seen["running"]) == reference(model, tokenizer, "the batch", 24)
+
+
+def run_counting(engine: Engine) -> tuple[dict[str, list[StepOutput]], dict[str, int], int]:
+    """Drain the engine: each request's outputs, the step of its first one, tokens prefilled."""
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    first_step: dict[str, int] = {}
+    prefilled = 0
+    while engine.has_work():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+            first_step.setdefault(out.request_id, engine.steps)
+        prefilled += engine.last_step["prefill_tokens"]
+    return seen, first_step, prefilled
+
+
+@pytest.mark.parametrize("prefix_cache", [0, 512])  # sharing needs no prefix cache
+@pytest.mark.parametrize("chunk", [256, 8])  # the first joins from the step's keys / its own cache
+def test_equal_prompts_admitted_together_are_prefilled_once_and_equal_generate(
+    model, tokenizer, chunk, prefix_cache
+):
+    limits = EngineLimits(8, 4096, 256, chunk, prefix_cache_tokens=prefix_cache)
+    engine = Engine(model, tokenizer, limits)
+    shared, other = len(tokenizer.encode(PROMPTS[1])), len(tokenizer.encode(PROMPTS[0]))
+    assert shared > 2 * 8  # over several chunks of 8
+    for key in "abc":
+        engine.add(key, GenerationRequest(PROMPTS[1], GREEDY))
+    engine.add("other", GenerationRequest(PROMPTS[0], GREEDY))
+    seen, first_step, prefilled = run_counting(engine)
+    assert prefilled == shared + other  # each prompt once
+    assert first_step["a"] == first_step["b"] == first_step["c"]  # the riders joined with a
+    expected = reference(model, tokenizer, PROMPTS[1], 24)
+    for key in "abc":
+        assert tokens(seen[key]) == expected, key
+        assert seen[key][-1].prompt_tokens == shared
+    assert tokens(seen["other"]) == reference(model, tokenizer, PROMPTS[0], 24)
+    assert engine.stats()["shared_prompt_tokens"] == 2 * shared
+    assert engine.stats()["running"] == engine.stats()["reserved_tokens"] == 0
+
+
+def test_riders_choose_their_own_tokens_from_the_shared_logits(model, tokenizer):
+    def sampled(seed: int) -> SamplingParams:
+        return SamplingParams(max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True)
+
+    alone = {}
+    for seed in (3, 4):
+        engine = make_engine(model, tokenizer)
+        engine.add("s", GenerationRequest(PROMPTS[1], sampled(seed)))
+        alone[seed] = tokens(drain(engine)["s"])
+    engine = make_engine(model, tokenizer, chunk=256)
+    engine.add("greedy", GenerationRequest(PROMPTS[1], GREEDY))
+    for seed in (3, 4):
+        engine.add(f"seed{seed}", GenerationRequest(PROMPTS[1], sampled(seed)))
+    seen, first_step, prefilled = run_counting(engine)
+    assert prefilled == len(tokenizer.encode(PROMPTS[1])) and len(set(first_step.values())) == 1
+    assert tokens(seen["greedy"]) == reference(model, tokenizer, PROMPTS[1], 24)
+    assert tokens(seen["seed3"]) == alone[3] and tokens(seen["seed4"]) == alone[4]
+    assert alone[3] != alone[4]
+
+
+def test_a_rider_prefills_on_its_own_when_its_first_is_cancelled_half_way(model, tokenizer):
+    engine = make_engine(model, tokenizer, chunk=8)
+    engine.add("first", GenerationRequest(PROMPTS[1], GREEDY))
+    engine.add("rider", GenerationRequest(PROMPTS[1], GREEDY))
+    assert engine.step() == [] and engine.last_step["prefill_tokens"] == 8
+    engine.cancel("first")
+    seen, _, prefilled = run_counting(engine)
+    assert [o.finish_reason for o in seen["first"]] == ["cancelled"]
+    assert prefilled == len(tokenizer.encode(PROMPTS[1]))  # the rider's prompt, from its start
+    assert tokens(seen["rider"]) == reference(model, tokenizer, PROMPTS[1], 24)
+    assert engine.stats()["shared_prompt_tokens"] == 0
+
+
+def test_a_rider_outlives_a_forward_that_failed_its_first(model, tokenizer, monkeypatch):
+    engine = make_engine(model, tokenizer, chunk=256)
+    engine.add("first", GenerationRequest(PROMPTS[1], GREEDY))
+    engine.add("rider", GenerationRequest(PROMPTS[1], GREEDY))
+    real = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda *a: (_ for _ in ()).throw(MemoryError("oom")))
+    outs = engine.step()
+    assert [(o.request_id, o.error and o.error.error_code) for o in outs] == [("first", 507)]
+    monkeypatch.setattr(engine, "_forward", real)
+    seen, _, prefilled = run_counting(engine)
+    assert prefilled == len(tokenizer.encode(PROMPTS[1]))  # prefilled again, for itself
+    assert tokens(seen["rider"]) == reference(model, tokenizer, PROMPTS[1], 24)

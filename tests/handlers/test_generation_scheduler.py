@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ class Seq:
     prompt_len: int
     reserved: int
     prefilled: int = 0
+    prompt_key: Hashable = field(default_factory=object)  # a prompt of its own unless given
 
 
 def scheduler(running=2, cached=100, chunk=10) -> Scheduler:
@@ -67,6 +69,47 @@ def test_a_long_prompt_moves_to_running_after_its_last_chunk():
         s.prefilled(chunk)
     assert spans == [(0, 10, False), (10, 20, False), (20, 25, True)]
     assert s.running == [seq] and s.find("a") is seq
+
+
+@pytest.mark.parametrize(
+    ("prompts", "chunk", "plan"),
+    [  # (key, length) per sequence in admission order; plan: (first, start, end, riders)
+        ([("p", 5), ("p", 5), ("q", 4), ("p", 5)], 10, [("a", 0, 5, "bd"), ("c", 0, 4, "")]),
+        ([("p", 5), ("p", 5)], 3, [("a", 0, 3, "")]),  # riders wait for the first's last chunk
+        ([("q", 9), ("p", 5), ("p", 5)], 8, [("a", 0, 8, "")]),  # the budget ran out: both wait
+        ([("q", 6), ("p", 5), ("p", 5), ("r", 3)], 8, [("a", 0, 6, ""), ("b", 0, 2, "")]),
+    ],
+)
+def test_equal_prompts_prefill_once_and_the_later_ones_ride_on_the_last_chunk(prompts, chunk, plan):
+    s = scheduler(running=8, cached=1000, chunk=chunk)
+    for request_id, (key, n) in zip("abcd", prompts, strict=False):
+        s.add(Seq(request_id, n, n + 5, prompt_key=key))
+    s.admit()
+    got = s.plan_prefill()
+    assert [
+        (c.sequence.request_id, c.start, c.end, "".join(r.request_id for r in c.riders))
+        for c in got
+    ] == plan
+
+
+def test_riders_move_to_running_with_their_first_and_one_takes_over_if_it_leaves():
+    s = scheduler(running=8, cached=1000, chunk=4)
+    a, b, c = (Seq(key, 6, 10, prompt_key="p") for key in "abc")
+    for seq in (a, b, c):
+        s.add(seq)
+    s.admit()
+    (chunk,) = s.plan_prefill()
+    assert (chunk.sequence, chunk.end, chunk.riders) == (a, 4, ())
+    s.prefilled(chunk)
+    s.remove(a)  # cancelled half way: b is the first now, from its own start
+    (chunk,) = s.plan_prefill()
+    assert (chunk.sequence, chunk.start, chunk.end, chunk.riders) == (b, 0, 4, ())
+    s.prefilled(chunk)
+    (chunk,) = s.plan_prefill()
+    assert (chunk.sequence, chunk.start, chunk.end, chunk.riders) == (b, 4, 6, (c,))
+    s.prefilled(chunk)
+    assert s.prefilling == [] and s.running == [b, c] and c.prefilled == 6
+    assert s.reserved_tokens == 20
 
 
 @pytest.mark.parametrize(
