@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from serve.wire.errors import ServeError
 from serve.wire.messages import PredictItem
@@ -62,6 +62,23 @@ class ItemResult:
     stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
     # Called by the edge when its client leaves a stream before the end (`Job.abandon`).
     abandon: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+
+T = TypeVar("T")
+
+
+async def abandoned_if_left(first: ItemResult, events: AsyncIterator[T]) -> AsyncGenerator[T, None]:
+    """``events`` (what an edge sends of a streamed answer that began with ``first``); if its
+    client leaves before they end, the request is abandoned, so that the worker stops generating
+    for it and its slot frees (a CANCEL frame; the engine drops it at its next step)."""
+    ended = False
+    try:
+        async for event in events:
+            yield event
+        ended = True
+    finally:
+        if not ended and first.abandon is not None:
+            first.abandon()
 
 
 @dataclass(slots=True)

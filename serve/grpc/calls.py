@@ -102,6 +102,7 @@ class Call:
     method: str
     request_id: str
     metadata: dict[str, str]
+    peer: str = "-"  # read at the start: grpcio's peer() on a cancelled call can crash the process
     model: str | None = None
     version: str | None = None
     http_status: int = 200  # what HTTP would have answered; counts Requests2XX/4XX/5XX
@@ -141,13 +142,13 @@ def _start(context: grpc.aio.ServicerContext, method: str) -> Call:
     given = metadata.get("x-request-id", "")
     rid = given if 0 < len(given) <= 128 and given.isprintable() else str(uuid.uuid4())
     context.set_trailing_metadata((("x-request-id", rid),))
-    return Call(context, method, rid, metadata)
+    return Call(context, method, rid, metadata, context.peer() or "-")
 
 
 def _decoded(call: Call, request: Any) -> Any:
     """``request`` as decoded by `decoder`; `Undecodable` is a 400 (INVALID_ARGUMENT)."""
     if isinstance(request, Undecodable):
-        _malformed.warn(call.method, call.context.peer() or "-", request)
+        _malformed.warn(call.method, call.peer, request)
         raise BadRequest(f"The request is not a valid {request.message} message.")
     return request
 
@@ -244,7 +245,7 @@ class Methods:
             self.metrics.response_sent(call.http_status)
         if not access_logger.isEnabledFor(logging.INFO):
             return
-        peer = call.context.peer() or "-"
+        peer = call.peer
         ms = seconds * 1000.0
         record = access_logger.makeRecord(
             ACCESS_LOGGER,

@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from serve.core.jobs import BatchItem, ItemResult
+from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left
 from serve.http.common import (
     EXCEPTION_HANDLERS,
     NO_CACHE_HEADERS,
@@ -175,26 +175,18 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
     assert stream is not None
 
     async def chunks() -> AsyncIterator[bytes]:
-        ended = False
-        try:
-            yield first.body
-            while (item := await stream.get()) is not None:
-                if isinstance(item, ServeError):
-                    ended = True
-                    logger.error("Request %s failed mid-stream: %s", rid, item.message)
-                    yield stream_error_chunk(item)
-                    return
-                yield item.body
-            ended = True
-        finally:
-            if not ended and first.abandon is not None:  # the client left: free its slot
-                first.abandon()
+        yield first.body
+        while (item := await stream.get()) is not None:
+            if isinstance(item, ServeError):
+                logger.error("Request %s failed mid-stream: %s", rid, item.message)
+                yield stream_error_chunk(item)
+                return
+            yield item.body
 
     headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
     media_type = first.content_type  # none for raw bytes, as in TorchServe
-    return StreamingResponse(
-        chunks(), status_code=first.status, headers=headers, media_type=media_type
-    )
+    body = abandoned_if_left(first, chunks())  # the client left: free its slot
+    return StreamingResponse(body, status_code=first.status, headers=headers, media_type=media_type)
 
 
 def stream_error_chunk(err: ServeError) -> bytes:

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
-from serve.core.jobs import BatchItem, ItemResult
+from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left
 from serve.core.model import ModelVersion
 from serve.http.common import NO_CACHE_HEADERS, ServerState, openai_error_response, request_id
 from serve.http.inputs import read_body, request_timeout
@@ -219,7 +219,8 @@ class _OpenAI:
             yield oai.SSE_DONE
 
         headers = {**NO_CACHE_HEADERS, "x-request-id": rid}
-        return StreamingResponse(events(), headers=headers, media_type=oai.SSE_MEDIA_TYPE)
+        sent = abandoned_if_left(first, events())
+        return StreamingResponse(sent, headers=headers, media_type=oai.SSE_MEDIA_TYPE)
 
     async def embeddings(self, request: Request) -> Response:
         """For models whose model-config.yaml says ``embeddings: true``: the handler gets
@@ -289,7 +290,8 @@ class _OpenAI:
                 yield oai.sse({"error": err.message})
 
         headers = {**NO_CACHE_HEADERS, "x-request-id": rid}
-        return StreamingResponse(events(), headers=headers, media_type=oai.SSE_MEDIA_TYPE)
+        sent = abandoned_if_left(result, events())
+        return StreamingResponse(sent, headers=headers, media_type=oai.SSE_MEDIA_TYPE)
 
     async def list_models(self, request: Request) -> Response:
         rid = request_id(request)

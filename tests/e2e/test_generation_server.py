@@ -179,6 +179,74 @@ def test_a_client_that_drops_a_stream_frees_its_slot(server: LanternServer) -> N
         assert next(held_parts)
 
 
+def generated_tokens(server: LanternServer, model: str = "tiny") -> float:
+    """``serve_generation_tokens_total`` of ``model``: counted when a request ends, not when it
+    is cancelled."""
+    text = httpx.get(f"{server.metrics}/metrics", timeout=30).text
+    prefix = f'serve_generation_tokens_total{{model="{model}",version="1.0"}} '
+    found = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(found[0][len(prefix) :]) if found else 0.0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", **LONG, "stream": True}),
+        (
+            "/v2/models/tiny/generate_stream",
+            {
+                "text_input": LONG["prompt"],
+                "parameters": {k: v for k, v in LONG.items() if k != "prompt"},
+            },
+        ),
+    ],
+)
+def test_a_client_that_drops_an_openai_or_oip_stream_frees_its_slot(
+    server: LanternServer, path: str, body: dict[str, Any]
+) -> None:
+    # Both slots taken by long streams, one of them dropped after its first event: a short
+    # request is then served before either could have ended (its tokens would be counted).
+    with stream(server, LONG) as held:
+        held_parts = held.iter_bytes()
+        assert next(held_parts)
+        before = generated_tokens(server)
+        with httpx.stream("POST", f"{server.inference}{path}", json=body, timeout=120) as dropped:
+            assert dropped.status_code == 200
+            assert next(dropped.iter_lines()).startswith("data: {")
+        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        response = generate(server, short)
+        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
+        assert generated_tokens(server) - before == 3  # no long stream ended first
+        assert next(held_parts)
+
+
+def test_a_grpc_client_that_cancels_a_stream_frees_its_slot(
+    server: LanternServer, tmp_path: Path
+) -> None:
+    import grpc
+
+    from tests.support.grpc_stubs import generate as grpc_stubs
+
+    ts = grpc_stubs(tmp_path / "stubs")
+    body = json.dumps({**LONG, "stream": True}).encode()
+    request = ts.inference_pb2.PredictionsRequest(model_name="tiny", input={"data": body})
+    with stream(server, LONG) as held:
+        held_parts = held.iter_bytes()
+        assert next(held_parts)
+        before = generated_tokens(server)
+        with grpc.insecure_channel(server.grpc_inference) as channel:
+            replies = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel).StreamPredictions(
+                request, timeout=120
+            )
+            assert next(replies).prediction
+            replies.cancel()
+        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        response = generate(server, short)
+        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
+        assert generated_tokens(server) - before == 3  # the cancelled stream did not run on
+        assert next(held_parts)
+
+
 def test_many_requests_in_flight_on_an_async_communication_handler(server: LanternServer) -> None:
     def most() -> int:
         return int(generate(server, {"stats": True}, "vllmlike").json()["most"])

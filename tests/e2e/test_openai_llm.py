@@ -117,8 +117,8 @@ def test_a_dropped_stream_leaves_the_server_serving(server: LanternServer) -> No
             assert resp.status_code == 200
             first = next(resp.iter_lines())
             assert first.startswith("data: {")
-        # Dropped after one event. Today the worker still runs that batch to completion (the
-        # frontend has no cancel frame yet): the next request is answered once it is done.
+        # Dropped after one event: its slot is freed at the engine's next step (that it is, and
+        # not waited out, is tests/e2e/test_generation_server.py's); the server serves on.
         after = http.post(
             f"{server.inference}/v1/completions",
             json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0},

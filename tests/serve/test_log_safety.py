@@ -112,11 +112,28 @@ async def test_an_http_path_cannot_forge_an_access_line(access_text: io.StringIO
 
 def test_a_grpc_model_name_cannot_forge_an_access_line(access_text: io.StringIO) -> None:
     context = SimpleNamespace(peer=lambda: "ipv4:127.0.0.1:5")
-    call = Call(context, "/p.S/Predictions", "rid", {})  # type: ignore[arg-type]
+    call = Call(context, "/p.S/Predictions", "rid", {}, context.peer())  # type: ignore[arg-type]
     call.label(FORGED, "1\x1b")
     Methods(None)._done(call, "NOT_FOUND")
     [line] = access_text.getvalue().splitlines()
     assert "model=x\\n2026" in line and "version=1\\x1b" in line
+
+
+def test_a_grpc_access_line_names_the_peer_read_when_the_call_began(
+    access_text: io.StringIO,
+) -> None:
+    # grpcio's peer() on a cancelled call dereferenced a freed call and crashed the frontend
+    # (4 of 10 cancelled StreamPredictions, tests/e2e/test_generation_server.py): once the call
+    # has ended, its context is not asked again.
+    def gone() -> str:
+        raise AssertionError("peer() asked after the call ended")
+
+    context = SimpleNamespace(peer=lambda: "ipv4:127.0.0.1:5")
+    call = Call(context, "/p.S/Predictions", "rid", {}, context.peer())  # type: ignore[arg-type]
+    context.peer = gone
+    Methods(None)._done(call, "CANCELLED")
+    [line] = access_text.getvalue().splitlines()
+    assert "ipv4:127.0.0.1:5" in line and "CANCELLED" in line
 
 
 def test_a_workflow_node_line_is_one_line(access_text: io.StringIO) -> None:

@@ -15,7 +15,14 @@ import pytest
 
 from serve.config import ModelSettings
 from serve.core.dispatcher import Dispatcher
-from serve.core.jobs import BatchItem, BatchOutcome, ItemResult, WorkerState, next_state
+from serve.core.jobs import (
+    BatchItem,
+    BatchOutcome,
+    ItemResult,
+    WorkerState,
+    abandoned_if_left,
+    next_state,
+)
 from serve.core.slots import SlotPlacement, runs_many_at_once
 from serve.wire.errors import GatewayTimeout
 from serve.wire.frames import MsgType
@@ -209,3 +216,33 @@ def test_retire_drains_a_ready_slot_worker_that_still_runs_requests() -> None:
         await pool.stop()
 
     asyncio.run(scenario())
+
+
+def _answer_of(calls: list[str]) -> ItemResult:
+    return ItemResult(200, b"first", None, abandon=lambda: calls.append("abandoned"))
+
+
+async def _events(*later: bytes | BaseException) -> Any:
+    yield b"first"
+    for item in later:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+@pytest.mark.anyio
+async def test_an_edge_abandons_a_stream_only_when_its_client_leaves_before_the_end() -> None:
+    calls: list[str] = []
+    whole = [e async for e in abandoned_if_left(_answer_of(calls), _events(b"a", b"b"))]
+    assert whole == [b"first", b"a", b"b"] and calls == []  # read to the end: nothing to free
+
+    left = abandoned_if_left(_answer_of(calls), _events(b"a", b"b"))
+    assert await anext(left) == b"first"
+    await left.aclose()  # the client went away after the first event
+    assert calls == ["abandoned"]
+
+    calls.clear()
+    cut = abandoned_if_left(_answer_of(calls), _events(b"a", asyncio.CancelledError()))
+    with pytest.raises(asyncio.CancelledError):  # the edge's task cancelled while it waited
+        [e async for e in cut]
+    assert calls == ["abandoned"]
