@@ -133,7 +133,7 @@ class TextGenerationHandler:
                 rows.append(results[request_id])
                 continue
             out = outputs.get(request_id)
-            row = self._step_row(out)
+            row = self._step_row(out, engine.tokenizer)
             if out is not None and out.error is not None:
                 context.set_response_status(out.error.error_code, out.error.message, idx=i)
             if row["finished"]:
@@ -143,7 +143,7 @@ class TextGenerationHandler:
         return rows
 
     @staticmethod
-    def _step_row(out: StepOutput | None) -> dict[str, Any]:
+    def _step_row(out: StepOutput | None, tokenizer: Any) -> dict[str, Any]:
         if out is None:  # waiting, or prefilling a long prompt
             return {"text": "", "tokens": [], "finished": False, "finish_reason": None}
         row: dict[str, Any] = {
@@ -155,7 +155,7 @@ class TextGenerationHandler:
         if out.error is not None:
             row["error"] = out.error.message
         if out.logprobs is not None:
-            row["logprobs"] = _logprobs(out)
+            row["logprobs"] = _logprobs(out, tokenizer)
         if out.finished:
             row["usage"] = _usage(out)
         return row
@@ -195,7 +195,7 @@ class TextGenerationHandler:
                     i = index[out.request_id]
                     texts[out.request_id].append(out.text)
                     tokens[out.request_id].extend(out.token_ids)
-                    logprobs[out.request_id].extend(_logprobs(out) or [])
+                    logprobs[out.request_id].extend(_logprobs(out, engine.tokenizer) or [])
                     if not out.finished:
                         continue
                     pending.discard(out.request_id)

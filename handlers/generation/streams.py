@@ -39,12 +39,23 @@ class _Open:
     logprobs: list[dict] = field(default_factory=list)
 
 
-def logprobs_rows(out: StepOutput) -> list[dict] | None:
-    """The step's log-probabilities as JSON rows (None when the request did not ask)."""
+def logprobs_rows(out: StepOutput, tokenizer: Any) -> list[dict] | None:
+    """The step's log-probabilities as JSON rows (None when the request did not ask): per token
+    ``{"token_id", "token", "logprob", "top": [[token_id, logprob, token], ...]}``, ``token``
+    the token's own text (what OpenAI's logprobs name it by)."""
     if out.logprobs is None:
         return None
+
+    def text(token_id: int) -> str:
+        return str(tokenizer.decode([token_id]))
+
     return [
-        {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+        {
+            "token_id": lp.token_id,
+            "token": text(lp.token_id),
+            "logprob": lp.logprob,
+            "top": [[i, logprob, text(i)] for i, logprob in lp.top],
+        }
         for lp in out.logprobs
     ]
 
@@ -97,7 +108,7 @@ class RequestStreams:
                 continue
             state.texts.append(out.text)
             state.tokens.extend(out.token_ids)
-            state.logprobs.extend(logprobs_rows(out) or [])
+            state.logprobs.extend(logprobs_rows(out, self.engine.tokenizer) or [])
             if not out.finished:
                 if state.stream and (out.text or out.token_ids):
                     events.append(Event(out.request_id, part=self._part(out)))
@@ -106,16 +117,14 @@ class RequestStreams:
             events.append(self._final(out, state))
         return events
 
-    @staticmethod
-    def _part(out: StepOutput) -> dict[str, Any]:
+    def _part(self, out: StepOutput) -> dict[str, Any]:
         part: dict[str, Any] = {"text": out.text, "tokens": out.token_ids}
-        rows = logprobs_rows(out)
+        rows = logprobs_rows(out, self.engine.tokenizer)
         if rows is not None:
             part["logprobs"] = rows
         return part
 
-    @staticmethod
-    def _final(out: StepOutput, state: _Open) -> Event:
+    def _final(self, out: StepOutput, state: _Open) -> Event:
         counts = usage(out)
         if out.error is not None:
             return Event(out.request_id, error=out.error, usage=counts)
@@ -129,5 +138,6 @@ class RequestStreams:
             "usage": counts,
         }
         if state.logprobs:
-            result["logprobs"] = logprobs_rows(out) if state.stream else state.logprobs
+            last = logprobs_rows(out, self.engine.tokenizer)
+            result["logprobs"] = last if state.stream else state.logprobs
         return Event(out.request_id, result=result, usage=counts)

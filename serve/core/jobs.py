@@ -67,6 +67,17 @@ class ItemResult:
 T = TypeVar("T")
 
 
+async def answer_parts(first: ItemResult) -> AsyncGenerator[ItemResult, None]:
+    """Every part of an answer, ``first`` included; an error that ended its stream is raised."""
+    yield first
+    if first.stream is None:
+        return
+    while (item := await first.stream.get()) is not None:
+        if isinstance(item, ServeError):
+            raise item
+        yield item
+
+
 async def abandoned_if_left(first: ItemResult, events: AsyncIterator[T]) -> AsyncGenerator[T, None]:
     """``events`` (what an edge sends of a streamed answer that began with ``first``); if its
     client leaves before they end, the request is abandoned, so that the worker stops generating

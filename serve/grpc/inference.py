@@ -16,7 +16,7 @@ from typing import Any
 
 from google.rpc import error_details_pb2, status_pb2
 
-from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left
+from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left, answer_parts
 from serve.core.model import ModelVersion
 from serve.grpc.calls import Call, Methods, decoder
 from serve.grpc.errors import grpc_code_for
@@ -142,25 +142,14 @@ class InferenceService:
             result = await model.submit(item, call.timeout())
             _check(result)
             status = result.status
-            async for chunk in abandoned_if_left(result, _chunks(result)):
+            async for chunk in abandoned_if_left(result, answer_parts(result)):
+                _check(chunk)
                 yield chunk
         except ServeError as err:
             status = err.status_code
             raise
         finally:
             self.state.metrics.request_done(name, version, status, time.perf_counter() - started)
-
-
-async def _chunks(result: ItemResult) -> AsyncIterator[ItemResult]:
-    """A result and, from a streaming handler, each later chunk; an error chunk is raised."""
-    yield result
-    if result.stream is None:
-        return
-    while (chunk := await result.stream.get()) is not None:
-        if isinstance(chunk, ServeError):
-            raise chunk
-        _check(chunk)
-        yield chunk
 
 
 def _check(result: ItemResult) -> None:

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
-from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left
+from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left, answer_parts
 from serve.core.model import ModelVersion
 from serve.http.common import NO_CACHE_HEADERS, ServerState, openai_error_response, request_id
 from serve.http.inputs import read_body, request_timeout
@@ -81,17 +81,6 @@ def _forward_headers(request: Request) -> dict[str, str]:
         for k, v in request.headers.items()
         if k not in _BODY_HEADERS and not k.startswith("x-lantern-")
     }
-
-
-async def _parts(result: ItemResult) -> AsyncIterator[ItemResult]:
-    """Every part of an answer, the first included; a mid-stream error is raised."""
-    yield result
-    if result.stream is None:
-        return
-    while (item := await result.stream.get()) is not None:
-        if isinstance(item, ServeError):
-            raise item
-        yield item
 
 
 def _answer(part: ItemResult) -> dict[str, Any] | None:
@@ -172,7 +161,7 @@ class _OpenAI:
             if call.stream:
                 return await self._stream(request, call, cid, created, result)
             final: dict[str, Any] | None = None
-            async for part in _parts(result):
+            async for part in answer_parts(result):
                 data = _answer(part)
                 if data is not None and _is_final(data):
                     final = data
@@ -187,28 +176,34 @@ class _OpenAI:
         self, request: Request, call: oai.GenerationCall, cid: str, created: int, first: ItemResult
     ) -> Response:
         rid = request_id(request)
-        parts = _parts(first)
+        parts = answer_parts(first)
         head = _answer(await anext(parts))  # an error before the first part is a plain error
 
         async def events() -> AsyncIterator[bytes]:
             if call.chat:
                 yield oai.sse(oai.chunk_body(call, cid, created, role=True, text=""))
             data = head
+            offset = 0  # the completions API's text_offset: its tokens' text so far
             try:
                 while True:
                     if data is not None:
                         text = data.get("text") or ""
+                        logprobs = oai.logprobs_body(call, data.get("logprobs"), offset)
+                        if logprobs is not None and not call.chat:
+                            offset += sum(len(token) for token in logprobs["tokens"])
                         if _is_final(data):
                             reason = oai.finish_reason(data)
-                            yield oai.sse(
-                                oai.chunk_body(call, cid, created, text=text, reason=reason)
+                            chunk = oai.chunk_body(
+                                call, cid, created, text=text, reason=reason, logprobs=logprobs
                             )
+                            yield oai.sse(chunk)
                             if call.include_usage:
                                 usage = oai.usage(data)
                                 yield oai.sse(oai.chunk_body(call, cid, created, usage_=usage))
                             break
-                        if text:
-                            yield oai.sse(oai.chunk_body(call, cid, created, text=text))
+                        if text or logprobs:
+                            chunk = oai.chunk_body(call, cid, created, text=text, logprobs=logprobs)
+                            yield oai.sse(chunk)
                     try:
                         data = _answer(await anext(parts))
                     except StopAsyncIteration:
@@ -257,7 +252,7 @@ class _OpenAI:
             model = name if version is None else f"{name}/{version}"
             result = await self._submit(request, model, body)
             mv = self.registry.get(name, version)
-            parts = _parts(result)
+            parts = answer_parts(result)
             if not stream:
                 final: dict[str, Any] = {}
                 async for part in parts:

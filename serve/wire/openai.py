@@ -274,9 +274,47 @@ def finish_reason(answer: dict[str, Any]) -> str | None:
     return reason if reason in ("stop", "length") else None if reason is None else "stop"
 
 
+def logprobs_body(call: GenerationCall, rows: Any, offset: int = 0) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` in OpenAI's shape from the handler's rows (``{"token", "logprob",
+    "top": [[id, logprob, token], ...]}`` per token, `handlers.generation.streams.logprobs_rows`):
+    chat's ``{"content": [...]}``, or the completions API's ``tokens`` / ``token_logprobs`` /
+    ``top_logprobs`` / ``text_offset``, counted from ``offset`` (the text of the tokens before
+    these). None when the request did not ask, or the rows are not that shape."""
+    if not isinstance(rows, list):
+        return None
+    try:
+        if call.chat:
+            return {"content": [_chat_logprob(row) for row in rows]}
+        offsets = []
+        for row in rows:
+            offsets.append(offset)
+            offset += len(row["token"])
+        return {
+            "tokens": [str(row["token"]) for row in rows],
+            "token_logprobs": [float(row["logprob"]) for row in rows],
+            "top_logprobs": [{str(t): float(lp) for _, lp, t in row["top"]} for row in rows],
+            "text_offset": offsets,
+        }
+    except (KeyError, TypeError, ValueError):  # another handler's shape: none rather than a 500
+        return None
+
+
+def _chat_logprob(row: dict[str, Any]) -> dict[str, Any]:
+    def entry(token: Any, logprob: Any) -> dict[str, Any]:
+        text = str(token)
+        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
+
+    top = [entry(t, lp) for _, lp, t in row["top"]]
+    return {**entry(row["token"], row["logprob"]), "top_logprobs": top}
+
+
 def completion_body(call: GenerationCall, cid: str, created: int, answer: dict[str, Any]) -> dict:
-    """The whole answer, from the handler's ``{"text", "finish_reason", "usage"}``."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(answer), "logprobs": None}
+    """The whole answer, from the handler's ``{"text", "finish_reason", "usage", "logprobs"?}``."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": finish_reason(answer),
+        "logprobs": logprobs_body(call, answer.get("logprobs")),
+    }
     if call.chat:
         choice["message"] = {"role": "assistant", "content": answer.get("text", "")}
     else:
@@ -300,8 +338,10 @@ def chunk_body(
     role: bool = False,
     reason: str | None = None,
     usage_: dict[str, int] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict:
-    """One streamed chunk: a piece of text, the chat role, the finish reason, or the usage."""
+    """One streamed chunk: a piece of text (with its tokens' ``logprobs``), the chat role, the
+    finish reason, or the usage."""
     body: dict[str, Any] = {
         "id": cid,
         "object": "chat.completion.chunk" if call.chat else "text_completion",
@@ -321,7 +361,7 @@ def chunk_body(
         choice: dict[str, Any] = {"index": 0, "delta": delta}
     else:
         choice = {"index": 0, "text": text or ""}
-    choice.update(finish_reason=reason, logprobs=None)
+    choice.update(finish_reason=reason, logprobs=logprobs)
     body["choices"] = [choice]
     if call.include_usage:
         body["usage"] = None

@@ -217,6 +217,7 @@ def test_a_client_that_drops_an_openai_or_oip_stream_frees_its_slot(
         response = generate(server, short)
         assert response.status_code == 200 and len(response.json()["tokens"]) == 3
         assert generated_tokens(server) - before == 3  # no long stream ended first
+        assert running_on(server) == 1  # the held stream alone: the gauge shows the freed slot
         assert next(held_parts)
 
 
@@ -244,6 +245,7 @@ def test_a_grpc_client_that_cancels_a_stream_frees_its_slot(
         response = generate(server, short)
         assert response.status_code == 200 and len(response.json()["tokens"]) == 3
         assert generated_tokens(server) - before == 3  # the cancelled stream did not run on
+        assert running_on(server) == 1
         assert next(held_parts)
 
 

@@ -71,6 +71,37 @@ def test_completions_whole_and_streamed_agree(server: LanternServer) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
 
 
+def test_logprobs_name_each_token_whole_and_streamed(server: LanternServer) -> None:
+    client = openai.OpenAI(api_key="none", base_url=f"{server.inference}/v1", max_retries=0)
+    asked: Any = {
+        "model": "tiny",
+        "max_tokens": 6,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.completions.create(prompt=PROMPT, logprobs=2, **asked)
+    lp = whole.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert "".join(lp.tokens) == whole.choices[0].text and len(lp.tokens) == 6
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert logprob <= 0 and len(top) == 2
+        assert max(top, key=top.__getitem__) == token  # greedy: the chosen one is the likeliest
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    streamed = client.completions.create(prompt=PROMPT, logprobs=2, stream=True, **asked)
+    pieces = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs]
+    assert [t for p in pieces for t in p.tokens or []] == lp.tokens
+    assert [o for p in pieces for o in p.text_offset or []] == lp.text_offset
+
+    messages: Any = [{"role": "user", "content": "the lazy dog"}]
+    chat = client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=3, **asked)
+    content = chat.choices[0].logprobs and chat.choices[0].logprobs.content
+    assert content and "".join(e.token for e in content) == chat.choices[0].message.content
+    assert all(len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode()) for e in content)
+    plain = client.chat.completions.create(messages=messages, **asked)
+    assert plain.choices[0].logprobs is None  # not asked: none
+
+
 def test_chat_async_renders_the_template_and_streams(server: LanternServer) -> None:
     import asyncio
 
