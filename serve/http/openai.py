@@ -12,11 +12,12 @@ shape when the request comes from an OpenAI SDK (``X-Stainless-Lang``), KServe's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -29,7 +30,7 @@ from serve.http.common import NO_CACHE_HEADERS, ServerState, openai_error_respon
 from serve.http.inputs import read_body, request_timeout
 from serve.wire import oip
 from serve.wire import openai as oai
-from serve.wire.errors import ServeError, error_for_status
+from serve.wire.errors import ClientClosedRequest, ServeError, error_for_status
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,32 @@ def _forward_headers(request: Request) -> dict[str, str]:
     }
 
 
+T = TypeVar("T")
+
+
+async def _while_connected(request: Request, answer: Awaitable[T]) -> T:
+    """``answer`` (a request's submission), given up if the client disconnects first: a whole
+    (not streamed) generation would otherwise run to its ``max_tokens`` for nobody. Giving up
+    cancels the request's wait, and so the request on its worker (a CANCEL frame); it is
+    counted as a 499. (Once a stream has begun, `abandoned_if_left` does the same.)"""
+    task = asyncio.ensure_future(answer)
+
+    async def until_disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(until_disconnected())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            raise ClientClosedRequest("The client closed the request.") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
 def _answer(part: ItemResult) -> dict[str, Any] | None:
     """A part's JSON object (None for the empty part a row that does not stream gets)."""
     try:
@@ -97,6 +124,16 @@ def _answer(part: ItemResult) -> dict[str, Any] | None:
 
 def _is_final(answer: dict[str, Any]) -> bool:
     return "finish_reason" in answer
+
+
+async def _final_part(result: ItemResult) -> dict[str, Any] | None:
+    """The part of an answer that ends it (with ``finish_reason``), None if none does."""
+    final = None
+    async for part in answer_parts(result):
+        data = _answer(part)
+        if data is not None and _is_final(data):
+            final = data
+    return final
 
 
 class _OpenAI:
@@ -155,16 +192,13 @@ class _OpenAI:
         async def answer() -> Response:
             raw = await read_body(request, self.state.config.max_request_size)
             call = parse(raw)
-            result = await self._submit(request, call.model, call.worker_body())
+            submitted = self._submit(request, call.model, call.worker_body())
+            result = await _while_connected(request, submitted)
             cid = oai.new_id("chatcmpl" if call.chat else "cmpl")
             created = int(time.time())
             if call.stream:
                 return await self._stream(request, call, cid, created, result)
-            final: dict[str, Any] | None = None
-            async for part in answer_parts(result):
-                data = _answer(part)
-                if data is not None and _is_final(data):
-                    final = data
+            final = await _final_part(result)
             if final is None:
                 raise ServeError("The model's answer has no finish_reason: is it a text model?")
             body = oai.completion_body(call, cid, created, final)
@@ -250,18 +284,14 @@ class _OpenAI:
             raw = await read_body(request, self.state.config.max_request_size)
             body = json.dumps(oai.parse_generate(raw, stream)).encode()
             model = name if version is None else f"{name}/{version}"
-            result = await self._submit(request, model, body)
+            result = await _while_connected(request, self._submit(request, model, body))
             mv = self.registry.get(name, version)
-            parts = answer_parts(result)
             if not stream:
-                final: dict[str, Any] = {}
-                async for part in parts:
-                    data = _answer(part)
-                    if data is not None and _is_final(data):
-                        final = data
+                final = await _final_part(result) or {}
                 text = final.get("text", "")
                 reason = oai.finish_reason(final)
                 return _json(oai.generate_body(name, mv.version, text, reason), rid)
+            parts = answer_parts(result)
             head = _answer(await anext(parts))
         except ServeError as err:
             return _oip_error(err, rid)

@@ -93,6 +93,13 @@ class RequestTimeout(ServeError):
     error_type = "RequestTimeoutException"
 
 
+class ClientClosedRequest(ServeError):
+    """The client went away before its answer was ready (nginx's 499): counted, never sent."""
+
+    status_code = 499
+    error_type = "ClientClosedRequest"
+
+
 class Conflict(ServeError):
     status_code = 409
     error_type = "ConflictStatusException"

@@ -30,6 +30,7 @@ CONFIG = {
 }
 # Far longer than any test runs: such a stream ends when the test drops it (freeing its slot).
 LONG = {"prompt": "the quick brown fox", "max_tokens": 6000, "temperature": 0, "ignore_eos": True}
+LONG_PARAMETERS = {k: v for k, v in LONG.items() if k != "prompt"}  # OIP generate's parameters
 
 
 @pytest.fixture(scope="module")
@@ -194,10 +195,7 @@ def generated_tokens(server: LanternServer, model: str = "tiny") -> float:
         ("/v1/completions", {"model": "tiny", **LONG, "stream": True}),
         (
             "/v2/models/tiny/generate_stream",
-            {
-                "text_input": LONG["prompt"],
-                "parameters": {k: v for k, v in LONG.items() if k != "prompt"},
-            },
+            {"text_input": LONG["prompt"], "parameters": LONG_PARAMETERS},
         ),
     ],
 )
@@ -218,6 +216,31 @@ def test_a_client_that_drops_an_openai_or_oip_stream_frees_its_slot(
         assert response.status_code == 200 and len(response.json()["tokens"]) == 3
         assert generated_tokens(server) - before == 3  # no long stream ended first
         assert running_on(server) == 1  # the held stream alone: the gauge shows the freed slot
+        assert next(held_parts)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", **LONG}),
+        ("/v2/models/tiny/generate", {"text_input": LONG["prompt"], "parameters": LONG_PARAMETERS}),
+    ],
+)
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(
+    server: LanternServer, path: str, body: dict[str, Any]
+) -> None:
+    # Not streamed: nothing is sent until the end, so only the disconnect tells the server.
+    with stream(server, LONG) as held:
+        held_parts = held.iter_bytes()
+        assert next(held_parts)
+        before = generated_tokens(server)
+        with pytest.raises(httpx.ReadTimeout):  # the client waits 1 s, then closes
+            httpx.post(f"{server.inference}{path}", json=body, timeout=httpx.Timeout(60, read=1))
+        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        response = generate(server, short)
+        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
+        assert generated_tokens(server) - before == 3  # no long answer ended first
+        assert running_on(server) == 1
         assert next(held_parts)
 
 

@@ -246,3 +246,31 @@ async def test_an_edge_abandons_a_stream_only_when_its_client_leaves_before_the_
     with pytest.raises(asyncio.CancelledError):  # the edge's task cancelled while it waited
         [e async for e in cut]
     assert calls == ["abandoned"]
+
+
+@pytest.mark.anyio
+async def test_a_whole_answer_is_given_up_as_a_499_when_its_client_disconnects() -> None:
+    from starlette.requests import Request
+
+    from serve.http.openai import _while_connected
+    from serve.wire.errors import ClientClosedRequest
+
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[str] = loop.create_future()
+    answered.set_result("text")
+    assert await _while_connected(request, answered) == "text"  # in time: the answer
+
+    never: asyncio.Future[str] = loop.create_future()
+    waiting = asyncio.ensure_future(_while_connected(request, never))
+    await asyncio.sleep(0)
+    gone.set()  # the client goes
+    with pytest.raises(ClientClosedRequest) as caught:
+        await waiting
+    assert caught.value.status_code == 499 and never.cancelled()  # the request's wait, cancelled
