@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,23 @@ def generated_tokens(server: LanternServer, model: str = "tiny") -> float:
     return float(found[0][len(prefix) :]) if found else 0.0
 
 
+def assert_slot_freed(server: LanternServer, leave: Callable[[], None]) -> None:
+    """Both slots taken by long requests, the second one started and left by ``leave``: a short
+    request is then answered before either long one could have ended (its tokens would be
+    counted), and the running gauge shows only the one still held."""
+    with stream(server, LONG) as held:
+        held_parts = held.iter_bytes()
+        assert next(held_parts)
+        before = generated_tokens(server)
+        leave()
+        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        response = generate(server, short)
+        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
+        assert generated_tokens(server) - before == 3  # no long request ended first
+        assert running_on(server) == 1
+        assert next(held_parts)
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -202,21 +219,12 @@ def generated_tokens(server: LanternServer, model: str = "tiny") -> float:
 def test_a_client_that_drops_an_openai_or_oip_stream_frees_its_slot(
     server: LanternServer, path: str, body: dict[str, Any]
 ) -> None:
-    # Both slots taken by long streams, one of them dropped after its first event: a short
-    # request is then served before either could have ended (its tokens would be counted).
-    with stream(server, LONG) as held:
-        held_parts = held.iter_bytes()
-        assert next(held_parts)
-        before = generated_tokens(server)
+    def drop_after_the_first_event() -> None:
         with httpx.stream("POST", f"{server.inference}{path}", json=body, timeout=120) as dropped:
             assert dropped.status_code == 200
             assert next(dropped.iter_lines()).startswith("data: {")
-        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
-        response = generate(server, short)
-        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
-        assert generated_tokens(server) - before == 3  # no long stream ended first
-        assert running_on(server) == 1  # the held stream alone: the gauge shows the freed slot
-        assert next(held_parts)
+
+    assert_slot_freed(server, drop_after_the_first_event)
 
 
 @pytest.mark.parametrize(
@@ -229,19 +237,11 @@ def test_a_client_that_drops_an_openai_or_oip_stream_frees_its_slot(
 def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(
     server: LanternServer, path: str, body: dict[str, Any]
 ) -> None:
-    # Not streamed: nothing is sent until the end, so only the disconnect tells the server.
-    with stream(server, LONG) as held:
-        held_parts = held.iter_bytes()
-        assert next(held_parts)
-        before = generated_tokens(server)
-        with pytest.raises(httpx.ReadTimeout):  # the client waits 1 s, then closes
+    def give_up_after_a_second() -> None:  # nothing is sent until the end: only the disconnect
+        with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.inference}{path}", json=body, timeout=httpx.Timeout(60, read=1))
-        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
-        response = generate(server, short)
-        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
-        assert generated_tokens(server) - before == 3  # no long answer ended first
-        assert running_on(server) == 1
-        assert next(held_parts)
+
+    assert_slot_freed(server, give_up_after_a_second)
 
 
 def test_a_grpc_client_that_cancels_a_stream_frees_its_slot(
@@ -254,22 +254,15 @@ def test_a_grpc_client_that_cancels_a_stream_frees_its_slot(
     ts = grpc_stubs(tmp_path / "stubs")
     body = json.dumps({**LONG, "stream": True}).encode()
     request = ts.inference_pb2.PredictionsRequest(model_name="tiny", input={"data": body})
-    with stream(server, LONG) as held:
-        held_parts = held.iter_bytes()
-        assert next(held_parts)
-        before = generated_tokens(server)
+
+    def cancel_after_the_first_reply() -> None:
         with grpc.insecure_channel(server.grpc_inference) as channel:
-            replies = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel).StreamPredictions(
-                request, timeout=120
-            )
+            stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+            replies = stub.StreamPredictions(request, timeout=120)
             assert next(replies).prediction
             replies.cancel()
-        short = {"prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
-        response = generate(server, short)
-        assert response.status_code == 200 and len(response.json()["tokens"]) == 3
-        assert generated_tokens(server) - before == 3  # the cancelled stream did not run on
-        assert running_on(server) == 1
-        assert next(held_parts)
+
+    assert_slot_freed(server, cancel_after_the_first_reply)
 
 
 def test_many_requests_in_flight_on_an_async_communication_handler(server: LanternServer) -> None:
