@@ -108,23 +108,27 @@ class RequestStreams:
                 continue
             state.texts.append(out.text)
             state.tokens.extend(out.token_ids)
-            state.logprobs.extend(logprobs_rows(out, self.engine.tokenizer) or [])
+            rows = logprobs_rows(out, self.engine.tokenizer)
+            state.logprobs.extend(rows or [])
             if not out.finished:
                 if state.stream and (out.text or out.token_ids):
-                    events.append(Event(out.request_id, part=self._part(out)))
+                    events.append(Event(out.request_id, part=self._part(out, rows)))
                 continue
             del self._open[out.request_id]
-            events.append(self._final(out, state))
+            events.append(self._final(out, state, rows))
         return events
 
-    def _part(self, out: StepOutput) -> dict[str, Any]:
+    @staticmethod
+    def _part(out: StepOutput, rows: list[dict] | None) -> dict[str, Any]:
         part: dict[str, Any] = {"text": out.text, "tokens": out.token_ids}
-        rows = logprobs_rows(out, self.engine.tokenizer)
         if rows is not None:
             part["logprobs"] = rows
         return part
 
-    def _final(self, out: StepOutput, state: _Open) -> Event:
+    @staticmethod
+    def _final(out: StepOutput, state: _Open, rows: list[dict] | None) -> Event:
+        """``rows``: this step's logprobs rows (`logprobs_rows`), the whole answer's for a
+        stream's final part."""
         counts = usage(out)
         if out.error is not None:
             return Event(out.request_id, error=out.error, usage=counts)
@@ -138,6 +142,5 @@ class RequestStreams:
             "usage": counts,
         }
         if state.logprobs:
-            last = logprobs_rows(out, self.engine.tokenizer)
-            result["logprobs"] = last if state.stream else state.logprobs
+            result["logprobs"] = rows if state.stream else state.logprobs
         return Event(out.request_id, result=result, usage=counts)

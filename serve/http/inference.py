@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left
+from serve.core.jobs import BatchItem, ItemResult, abandoned_if_left, answer_parts
 from serve.http.common import (
     EXCEPTION_HANDLERS,
     NO_CACHE_HEADERS,
@@ -171,17 +171,15 @@ def _streaming_response(first: ItemResult, rid: str) -> Response:
     The status is the first chunk's; an error after it (the worker died, the request was cut)
     is logged and sent as the last chunk, `stream_error_chunk`, before the chunked body ends.
     """
-    stream = first.stream
-    assert stream is not None
+    assert first.stream is not None
 
     async def chunks() -> AsyncIterator[bytes]:
-        yield first.body
-        while (item := await stream.get()) is not None:
-            if isinstance(item, ServeError):
-                logger.error("Request %s failed mid-stream: %s", rid, item.message)
-                yield stream_error_chunk(item)
-                return
-            yield item.body
+        try:
+            async for part in answer_parts(first):
+                yield part.body
+        except ServeError as err:
+            logger.error("Request %s failed mid-stream: %s", rid, err.message)
+            yield stream_error_chunk(err)
 
     headers = {**NO_CACHE_HEADERS, **first.headers, "x-request-id": rid}
     media_type = first.content_type  # none for raw bytes, as in TorchServe
