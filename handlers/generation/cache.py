@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from handlers.generation.transfers import to_device
+
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), ``(b, h, n, d)``
 
 
@@ -56,24 +58,40 @@ class BatchCache:
         """Each row's next position id, shape ``(rows,)``."""
         return torch.tensor(self.lengths, dtype=torch.long)
 
-    def step_mask(self) -> torch.Tensor | None:
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0][0].device if self.layers else torch.device("cpu")
+
+    def step_mask(self, positions: torch.Tensor | None = None) -> torch.Tensor | None:
         """Which columns each row's new token attends to (its own and the ones before), shape
-        ``(rows, 1, 1, width)``, for one more token per row; None when every row attends to
-        every column (rows of one length: a single sequence, or a batch that started together),
-        which lets attention run without a mask."""
+        ``(rows, 1, 1, width)``, for one more token per row, on the device of ``positions``
+        (each row's next position; default `positions`): with this step's (`begin_step`'s
+        ``write_positions``) it is built on the cache's device, with no copy. None when every
+        row attends to every column (rows of one length: a single sequence, or a batch that
+        started together), which lets attention run without a mask."""
         if not self.lengths or min(self.lengths) == max(self.lengths):
             return None
-        columns = torch.arange(self.width)
-        return (columns[None, :] <= self.positions()[:, None])[:, None, None, :]
+        positions = self.positions() if positions is None else positions
+        columns = torch.arange(self.width, device=positions.device)
+        return (columns[None, :] <= positions[:, None])[:, None, None, :]
 
     def begin_step(self) -> None:
-        """Make room for one more column in every row, before a decode step writes it."""
-        self._rows = torch.arange(len(self.keys))
-        self._columns = self.positions()
+        """Make room for one more column in every row, before a decode step writes it. The
+        rows' write positions go to the cache's device here, once a step and without waiting on
+        it (``non_blocking``): indexing a GPU tensor with host indices in every layer's `write`
+        made the host wait on the device twice a layer."""
+        device = self.device
+        self._rows = torch.arange(len(self.keys), device=device)
+        self._columns = self.positions().to(device, non_blocking=True)
         self._width = self.width
         if self.layers and self._width > self.layers[0][0].shape[2]:
             rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
             self._resize(rows, max(self._width, _more(columns)))
+
+    @property
+    def write_positions(self) -> torch.Tensor:
+        """Where this step writes each row's new key (`begin_step`), on the cache's device."""
+        return self._columns
 
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
@@ -120,9 +138,9 @@ class BatchCache:
         token_index = torch.cat(
             [torch.arange(o, o + n) for o, n in zip(offsets, lengths, strict=True)]
         )
-        device = self.layers[0][0].device
-        row_index, column_index = row_index.to(device), column_index.to(device)
-        token_index = token_index.to(device)
+        row_index, column_index, token_index = to_device(
+            self.device, row_index, column_index, token_index
+        )
         for (k, v), (pk, pv) in zip(self.layers, packed, strict=True):
             k[row_index, :, column_index] = pk[0][:, token_index].transpose(0, 1)
             v[row_index, :, column_index] = pv[0][:, token_index].transpose(0, 1)
@@ -138,7 +156,7 @@ class BatchCache:
         movers = [row for row in range(stay, len(self.keys)) if row not in gone]
         if holes:
             n = max(self.lengths[row] for row in movers)
-            to, source = torch.tensor(holes), torch.tensor(movers)
+            to, source = to_device(self.device, torch.tensor(holes), torch.tensor(movers))
             for k, v in self.layers:
                 k[to, :, :n] = k[source, :, :n]
                 v[to, :, :n] = v[source, :, :n]

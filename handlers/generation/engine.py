@@ -33,8 +33,9 @@ from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
 from handlers.generation.params import GenerationRequest, SamplingParams
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.ragged import ChunkState, StepPlan, install, planned
-from handlers.generation.sampling import Sampler, TokenLogprobs, choose_greedy
+from handlers.generation.sampling import Choice, Sampler, TokenLogprobs, choose_tokens
 from handlers.generation.scheduler import EngineLimits, PrefillChunk, Scheduler
+from handlers.generation.transfers import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,12 @@ class Engine:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.device = getattr(model, "device", torch.device("cpu"))
+        if self.device.type == "cuda":
+            # cuDNN's attention (torch's first choice for bfloat16 on Hopper) builds a plan for
+            # every new shape, and every decode step is one (the rows' lengths grow): 74 against
+            # 17 ms a step at one stream on an H200 (docs/performance.md, GPU run 1). Flash and
+            # memory-efficient attention take any shape as it comes.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         install(model)
         self._cancelled: set[str] = set()
         self._leaving: set[str] = set()  # ended this step: their rows go together (`_leave_batch`)
@@ -276,17 +283,17 @@ class Engine:
             positions += range(chunk.start, chunk.end)
             last.append(len(ids) - 1)
         self.batch.begin_step()
-        mask = self.batch.step_mask()
-        mask = mask.to(self.device) if mask is not None else None
-        plan = StepPlan(len(rows), self.batch, states, mask)
-        keep = torch.tensor(list(range(len(rows))) + last, dtype=torch.long)
+        plan = StepPlan(
+            len(rows), self.batch, states, self.batch.step_mask(self.batch.write_positions)
+        )
+        ids_on, positions_on, keep = to_device(  # the step's inputs in one copy
+            self.device,
+            torch.tensor(ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            torch.tensor(list(range(len(rows))) + last, dtype=torch.long),
+        )
         try:
-            logits = self._forward(
-                torch.tensor([ids], dtype=torch.long),
-                torch.tensor([positions], dtype=torch.long),
-                keep,
-                plan,
-            )
+            logits = self._forward(ids_on[None], positions_on[None], keep, plan)
         except Exception as exc:
             return [self._fail(seq, exc) for seq in rows + prefill]
         if rows:
@@ -317,26 +324,27 @@ class Engine:
             keys, lengths, offsets = (list(column) for column in zip(*joining, strict=True))
             self.batch.join_packed(keys, lengths, offsets, plan.keys)
         if at != list(range(logits.shape[0])):  # riders take copies of their first's row
-            logits = logits[at]
+            logits = logits[to_device(self.device, torch.tensor(at, dtype=torch.long))[0]]
+        samplers = [seq.sampler for seq in emitting]
         try:
-            greedy = choose_greedy([seq.sampler for seq in emitting], logits)
-        except Exception:  # each sequence then chooses alone, failing alone
-            logger.exception("Choosing the step's greedy tokens together failed")
-            greedy = {}
-        return [self._emit(seq, logits[i], greedy.get(i)) for i, seq in enumerate(emitting)]
+            choices = choose_tokens(samplers, logits)
+        except Exception as exc:  # choosing together failed: every row of the step fails
+            return [self._fail(seq, exc) for seq in emitting]
+        return [self._emit(seq, choice) for seq, choice in zip(emitting, choices, strict=True)]
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
     ) -> torch.Tensor:
-        """The packed forward: logits (float, on the CPU) at the positions in ``keep``."""
+        """The packed forward: logits at the positions in ``keep`` (``(rows, vocab)`` in the
+        model's dtype, on its device; the inputs are there already)."""
         with planned(plan):
             out = self.model(
-                input_ids=input_ids.to(self.device),
-                position_ids=positions.to(self.device),
+                input_ids=input_ids,
+                position_ids=positions,
                 use_cache=False,
-                logits_to_keep=keep.to(self.device),
+                logits_to_keep=keep,
             )
-        return out.logits[0].float().cpu()
+        return out.logits[0]
 
     def _reuse_prefixes(self, admitted: list[Sequence]) -> None:
         """Start admitted sequences' prefills after the longest kept prefix of their prompts. A
@@ -391,13 +399,13 @@ class Engine:
         self._cancelled.clear()
         return outputs
 
-    def _emit(self, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> StepOutput:
-        """Take the sequence's next token (``token``, or chosen here from its ``logits``) and say
-        what it adds; ends it when it should stop."""
+    def _emit(self, seq: Sequence, choice: Choice | Exception) -> StepOutput:
+        """Take the sequence's next token (``choice``, `choose_tokens`'s for its row) and say what
+        it adds; ends it when it should stop, or with the error its choice met."""
+        if isinstance(choice, Exception):
+            return self._fail(seq, choice)
+        token, logprobs = choice
         try:
-            logprobs = None
-            if token is None:
-                token, logprobs = seq.sampler.choose(logits)
             seq.output_ids.append(token)
             lp = [logprobs] if logprobs is not None else None
             if seq.sampler.is_stop_token(token):

@@ -199,3 +199,13 @@ def install(model: Any) -> None:
             "engine's packed steps need"
         )
     model.set_attn_implementation(IMPLEMENTATION)
+    for module in model.modules():
+        # Some models (GPT-2) look for padding in the first and last input ids when no attention
+        # mask is given, to warn once: a read of the ids on the device, a wait on it, in every
+        # step. The engine's packed steps have no padding and no mask by design.
+        if hasattr(module, "warn_if_padding_and_no_attention_mask"):
+            module.warn_if_padding_and_no_attention_mask = _no_padding_check
+
+
+def _no_padding_check(input_ids: Any, attention_mask: Any) -> None:
+    return None

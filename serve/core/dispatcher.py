@@ -21,7 +21,14 @@ from serve.config import ModelSettings
 from serve.core.batching import BatchPlacement
 from serve.core.jobs import LIVE_STATES, BatchItem, BatchOutcome, ItemResult, Job, WorkerState
 from serve.core.placement import Answer, Placement, WorkerView
-from serve.wire.errors import GatewayTimeout, NoHealthyWorkers, ServeError, ShuttingDown, WorkerDied
+from serve.wire.errors import (
+    GatewayTimeout,
+    NoHealthyWorkers,
+    ServeError,
+    ShuttingDown,
+    TooManyRequests,
+    WorkerDied,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +131,17 @@ class Dispatcher:
         if timeout is not None:
             limit = min(limit, timeout)
         future: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
-        self.placement.admit(Job(item, future, now, now + limit))
+        job = Job(item, future, now, now + limit)
+        try:
+            self.placement.admit(job)
+        except TooManyRequests:
+            if not self._dispatch_pending:
+                raise
+            # A burst that arrives within one event-loop tick fills the queue before the
+            # dispatch it scheduled has run (256 requests at once on a worker with 256 free
+            # slots met a queue of 100): hand out what the workers can take now, then look again.
+            self._dispatch()
+            self.placement.admit(job)
         self.in_flight += 1
         self._idle.clear()
         future.add_done_callback(self._request_done)

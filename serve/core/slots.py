@@ -11,16 +11,18 @@ A generative engine also has a KV-cache budget (``max_cached_tokens`` in LOADED)
 reserves prompt + max_tokens positions, capped by ``max_model_len``, as the engine reserves them.
 The frontend cannot count prompt tokens (no tokenizer here, and a chat template adds tokens the
 body does not show), so the worker reports each request's exact reservation in an ENGINE frame
-as soon as its reader thread has read and tokenized it, even while a step runs
-(`serve.wire.messages.EngineReport`). Until then a request counts as the largest of the worker's
-recent reservations (`WorkerProcess.expected_reservation`), or before the worker's first report
-as the most one can reserve, ``min(max_model_len, max_cached_tokens)``. Counting every
-unreported request at the most would send a burst out ``budget / max_model_len`` requests per
-step of the engine (8 at a time with SmolLM2's defaults: the rest of a burst of 16 waited a whole
-prefill step for their first token); counting it as what recent requests took sends the burst in
-one go. A request larger than the estimate waits inside the engine for cache room (its
-``waiting`` count) instead of in the dispatcher's queue; requests beyond the budget by the
-estimate wait in the dispatcher's queue (429 when full).
+as soon as it has read and tokenized it, even while a step runs
+(`serve.wire.messages.EngineReport`). Until then a request counts as its fair share of the
+budget, ``max_cached_tokens / slots``, or less when the worker's recent reservations were smaller
+(`WorkerProcess.expected_reservation`). The fair share never blocks a burst that the worker can
+take: N requests on an idle worker with N <= slots always go out at once, and one whose real
+reservation is larger waits inside the engine for cache room (its ``waiting`` count), which
+admits by the exact figures. Counting an unreported request at the most one could reserve,
+``min(max_model_len, max_cached_tokens)``, as before, let a burst of 256 on a worker with 256
+slots and 65,536 positions out 32 at a time (65,536 / 2,048): the rest overflowed the 100-deep
+queue and were refused with 429 while the engine had room for all of them (GPU run 1, issue 40).
+Requests beyond the budget by the reported figures wait in the dispatcher's queue (429 when it is
+full), where any worker with room may take them.
 
 Only the decision is new here: the queue, its deadlines, retries (none once an answer has begun
 to stream) and errors are plain batching's (`serve.core.batching.BatchPlacement`).
@@ -100,13 +102,13 @@ class SlotPlacement(BatchPlacement):
         if model_len and model_len > 0:
             self.max_model_len = int(model_len)
 
-    def unreported_need(self, expected: int | None = None) -> int:
+    def unreported_need(self, slots: int, expected: int | None = None) -> int:
         """What a request counts against a worker's cache budget until the worker reports it:
-        ``expected`` (the worker's recent reservations), else the most one can reserve; never
-        more than the budget, so an idle worker always takes one."""
+        its fair share of the budget over the worker's ``slots``, or ``expected`` (the worker's
+        recent reservations) when that is less; at least 1."""
         budget = self.max_cached_tokens or 0
-        most = min(self.max_model_len or budget, budget)
-        return max(1, min(expected, most)) if expected else most
+        fair = budget // max(1, slots)
+        return max(1, min(expected, fair) if expected else fair)
 
     def per_worker(self, settings: ModelSettings) -> int:
         return max(1, self.slots or settings.batch_size)
@@ -116,7 +118,7 @@ class SlotPlacement(BatchPlacement):
         live = [w for w in workers if w.state in LIVE_STATES]
         free = [(w.worker_id, budget - w.running) for w in live]
         tokens: dict[str, int] | None = None
-        need = {w.worker_id: self.unreported_need(w.expected_need) for w in live}
+        need = {w.worker_id: self.unreported_need(budget, w.expected_need) for w in live}
         if self.max_cached_tokens:
             tokens = {
                 w.worker_id: self.max_cached_tokens

@@ -480,3 +480,38 @@ def test_a_rider_outlives_a_forward_that_failed_its_first(model, tokenizer, monk
     seen, _, prefilled = run_counting(engine)
     assert prefilled == len(tokenizer.encode(PROMPTS[1]))  # prefilled again, for itself
     assert tokens(seen["rider"]) == reference(model, tokenizer, PROMPTS[1], 24)
+
+
+def test_a_step_reads_from_the_device_once(model, tokenizer, monkeypatch):
+    """Every way a tensor's values reach Python (``item``, ``tolist``, ``cpu``, ``numpy``,
+    ``int()``/``float()``/``bool()`` of a tensor) is counted inside each step: greedy steps with
+    rows joining, leaving and prefilling in chunks make at most one (the chosen tokens). On a
+    GPU each of those is a wait on the device."""
+    engine = make_engine(model, tokenizer, chunk=8)
+    reads = 0
+
+    def counted(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            nonlocal reads
+            reads += 1
+            return real(self, *args, **kwargs)
+
+        return read
+
+    for i, prompt in enumerate(PROMPTS):
+        params = SamplingParams(max_tokens=6 + 3 * i, temperature=0.0, ignore_eos=True)
+        engine.add(str(i), GenerationRequest(prompt, params))
+    per_step = []
+    with monkeypatch.context() as patch:
+        for name in ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__"):
+            patch.setattr(torch.Tensor, name, counted(name))
+        while engine.has_work():
+            reads = 0
+            engine.step()
+            per_step.append(reads)
+            if len(per_step) == 3:  # a late joiner, prefilled beside the running rows
+                engine.add("late", GenerationRequest(PROMPTS[1], GREEDY))
+    assert len(per_step) > 10
+    assert max(per_step) <= 1, per_step

@@ -249,27 +249,45 @@ def test_many_rows_leave_at_once_and_the_last_rows_fill_the_holes():
     assert len(batch) == 3
 
 
-def test_plain_greedy_rows_share_one_argmax_and_the_others_are_left_to_choose():
+def test_plain_greedy_rows_share_one_argmax_and_the_others_choose_alone():
     from handlers.generation.params import SamplingParams
-    from handlers.generation.sampling import Sampler, choose_greedy
+    from handlers.generation.sampling import Sampler, choose_tokens
 
     logits = torch.tensor(
         [
             [0.0, 5.0, 4.0, 3.0],  # EOS (1) banned for its first 2 tokens: 2
             [9.0, 1.0, 0.0, 0.0],  # plain greedy: 0
-            [0.0, 1.0, 2.0, 8.0],  # sampled: not chosen here
-            [0.0, 0.0, 7.0, 1.0],  # logprobs asked: not chosen here
+            [0.0, 1.0, 2.0, 8.0],  # sampled by its own sampler
+            [0.0, 0.0, 7.0, 1.0],  # logprobs asked: its own sampler, greedy with logprobs
         ]
     )
-    samplers = [
-        Sampler(SamplingParams(temperature=0, min_tokens=2), [], [1]),
-        Sampler(SamplingParams(temperature=0), [], [1]),
-        Sampler(SamplingParams(temperature=1.0, seed=3), [], [1]),
-        Sampler(SamplingParams(temperature=0, logprobs=1), [], [1]),
-    ]
-    assert choose_greedy(samplers, logits.clone()) == {0: 2, 1: 0}
-    assert choose_greedy(samplers, logits.clone()) == {0: 2, 1: 0}
-    assert choose_greedy(samplers, logits.clone())[0] == 1  # two tokens out: EOS allowed
-    alone = Sampler(SamplingParams(temperature=0, min_tokens=2), [], [1])
-    assert [alone.choose(logits[0])[0] for _ in range(3)] == [2, 2, 1]  # the same, one by one
-    assert choose_greedy(samplers[2:], logits[2:]) == {}
+
+    def samplers() -> list[Sampler]:
+        return [
+            Sampler(SamplingParams(temperature=0, min_tokens=2), [], [1]),
+            Sampler(SamplingParams(temperature=0), [], [1]),
+            Sampler(SamplingParams(temperature=1.0, seed=3), [], [1]),
+            Sampler(SamplingParams(temperature=0, logprobs=1), [], [1]),
+        ]
+
+    rows = samplers()
+    tokens = [[c[0] for c in choose_tokens(rows, logits.clone())] for _ in range(3)]  # type: ignore[index]
+    assert [t[:2] for t in tokens] == [[2, 0], [2, 0], [1, 0]]  # two tokens out: EOS allowed
+    assert [t[3] for t in tokens] == [2, 2, 2]
+    alone = Sampler(SamplingParams(temperature=1.0, seed=3), [], [1])
+    assert [t[2] for t in tokens] == [alone.choose(logits[2])[0] for _ in range(3)]  # its seed
+    choice = choose_tokens(samplers()[3:], logits[3:].clone())[0]
+    assert not isinstance(choice, Exception) and choice[1] is not None
+    assert choice[1].token_id == 2 and choice[1].top[0][0] == 2
+
+
+def test_a_sampler_that_fails_fails_its_row_alone(monkeypatch):
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler, choose_tokens
+
+    broken = Sampler(SamplingParams(temperature=1.0, seed=1), [], [1])
+    monkeypatch.setattr(broken, "choose", lambda row: (_ for _ in ()).throw(ValueError("bad")))
+    rows = [Sampler(SamplingParams(temperature=0), [], [1]), broken]
+    choices = choose_tokens(rows, torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0]]))
+    assert choices[0] == (2, None)
+    assert isinstance(choices[1], ValueError)

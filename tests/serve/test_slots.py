@@ -63,15 +63,17 @@ def test_plan_slots_with_a_cache_budget(
 @pytest.mark.parametrize(
     ("limits", "views", "expected"),
     [
-        # 4096 positions, requests count 1024 until reported: 4 go to an idle worker
-        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(0, 0, 0)], 4),
-        # two reported at 100 each, one not: 4096 - 200 - 1024 = 2872 left: 2 more
-        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(3, 200, 1)], 2),
-        # a context longer than the budget: one unreported request at a time, never none
-        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(0, 0, 0)], 1),
-        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(1, 0, 1)], 0),
-        # reported reservations leave room the worst case would not: 512 - 30 = 482 >= 300
-        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 300}, [(1, 30, 0)], 1),
+        # 4096 positions over 8 slots: unreported requests count 512, 8 go to an idle worker
+        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(0, 0, 0)], 8),
+        # two reported at 100 each, one not: 4096 - 200 - 512 = 3384 left: the 5 free slots
+        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(3, 200, 1)], 5),
+        # reported reservations use up the budget: 4096 - 3700 = 396 < 512, none more
+        ({"slots": 8, "max_cached_tokens": 4096, "max_model_len": 1024}, [(3, 3700, 0)], 0),
+        # a context longer than the budget: still the fair share, 512 / 8 = 64 each
+        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(0, 0, 0)], 8),
+        ({"slots": 8, "max_cached_tokens": 512, "max_model_len": 2048}, [(1, 0, 1)], 7),
+        # the burst the frontend refused with 429s on a GPU: 256 on 256 slots all go at once
+        ({"slots": 256, "max_cached_tokens": 65536, "max_model_len": 2048}, [(0, 0, 0)], 256),
         # no token budget reported (an asyncCommunication worker): slots only
         ({"slots": 3}, [(1, 0, 1)], 2),
     ],
@@ -80,17 +82,18 @@ def test_slot_placement_counts_the_cache_budget_the_worker_reported(
     limits: dict[str, int], views: list[tuple[int, int, int]], expected: int
 ) -> None:
     async def scenario() -> None:
-        placement = SlotPlacement(100)
+        placement = SlotPlacement(max(100, expected + 2))
         placement.learn(limits)
-        for job in [_job() for _ in range(10)]:
+        for job in [_job() for _ in range(max(10, expected + 2))]:
             placement.admit(job)
         workers = [
             WorkerView("w0", WorkerState.READY, running, reserved, unreported)
             for running, reserved, unreported in views
         ]
+        queued = placement.live_count()
         plan = placement.plan(workers, 0.0, ModelSettings())
         assert sum(len(jobs) for _, jobs in plan.batches) == expected
-        assert placement.live_count() == 10 - expected  # the rest wait in the queue
+        assert placement.live_count() == queued - expected  # the rest wait in the queue
 
     asyncio.run(scenario())
 
@@ -98,11 +101,11 @@ def test_slot_placement_counts_the_cache_budget_the_worker_reported(
 @pytest.mark.parametrize(
     ("expected_need", "views", "sent"),
     [
-        (None, (0, 0, 0), 4),  # no report yet: 4096 / 1024, the most one can take
+        (None, (0, 0, 0), 8),  # no report yet: the fair share, 4096 / 8 slots
         (44, (0, 0, 0), 8),  # recent requests took 44: the burst goes at once (8 slots)
         (44, (6, 3800, 0), 2),  # 296 left: two more of 44 fit in the budget beside six reported
         (44, (6, 3800, 6), 0),  # six sent, unreported at 44 each: 4096 - 3800 - 264 < 44
-        (5000, (0, 0, 0), 4),  # never counted above the most one can take (max_model_len)
+        (600, (4, 2000, 0), 4),  # recent ones took more than the fair share: still 512 each
     ],
 )
 def test_unreported_requests_count_as_what_the_worker_recently_reserved(
@@ -299,26 +302,50 @@ class Reporting(ManyAtOnce):
 def test_requests_beyond_the_cache_budget_wait_in_the_queue_until_reservations_come() -> None:
     async def scenario() -> None:
         w = Reporting("w0")
-        d = make(w, slots=8)
+        d = make(w, slots=4)
         assert isinstance(d.placement, SlotPlacement)
-        d.placement.learn({"slots": 8, "max_cached_tokens": 1000, "max_model_len": 400})
-        for i in range(5):
+        d.placement.learn({"slots": 4, "max_cached_tokens": 1000, "max_model_len": 400})
+        for i in range(6):
             d.submit(BatchItem(f"r{i}", {}, []))
-        await until(lambda: len(w.running) == 2)  # 2 x 400 (unreported) of 1000
-        assert d.queue.live_count() == 3 and w.state is WorkerState.READY
-        w.reserved.update(r0=50, r1=50)  # the engine says what they take
+        await until(lambda: len(w.running) == 4)  # 4 x 250 (the fair share) of 1000
+        assert d.queue.live_count() == 2 and w.state is WorkerState.BUSY
+        w.reserved.update(r0=300, r1=300, r2=300, r3=300)  # the engine says what they take
         d.schedule()  # (WorkerProcess.on_reservations)
-        await until(lambda: len(w.running) == 4)  # 1000 - 100 = 900: two more unreported
-        assert d.queue.live_count() == 1
-        w.end("r0")  # an end frees its reservation too: 1000 - 50 - 800 = 150, still short
+        w.end("r0")  # a free slot, but 1000 - 900 = 100 < 250: r4 waits
         await until(lambda: "r0" not in w.running)
-        # The release schedules a dispatch with call_soon: a few loop ticks later it has run.
+        for _ in range(3):  # the release schedules a dispatch with call_soon
+            await asyncio.sleep(0)
+        assert not d._dispatch_pending and d.queue.live_count() == 2
+        w.end("r1")  # 1000 - 600 = 400: r4 goes, counted 250; 150 left is short for r5
+        await until(lambda: "r4" in w.running)
         for _ in range(3):
             await asyncio.sleep(0)
-        assert not d._dispatch_pending and d.queue.live_count() == 1
-        w.reserved.update(r2=50, r3=50)
+        assert d.queue.live_count() == 1
+        w.reserved.update(r4=100)  # r4 reported: 1000 - 700 = 300 >= 250
         d.schedule()
-        await until(lambda: "r4" in w.running)
+        await until(lambda: "r5" in w.running)
+        for rid in list(w.running):
+            w.end(rid)
+        await until(lambda: d.in_flight == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_as_large_as_the_slots_is_taken_whole_and_none_refused() -> None:
+    """256 requests at once on a worker with 256 slots and 65,536 positions, before it reports
+    any reservation, and a queue of 100: every one is sent to the worker (which queues what its
+    cache cannot hold yet); none is refused."""
+
+    async def scenario() -> None:
+        w = Reporting("w0")
+        settings = ModelSettings().merged({"batch_size": 256, "max_batch_delay": 0})
+        d = Dispatcher("m", "1", Pool(w), lambda: settings, SlotPlacement(100, 256))
+        assert isinstance(d.placement, SlotPlacement)
+        d.placement.learn({"slots": 256, "max_cached_tokens": 65536, "max_model_len": 2048})
+        futures = [d.submit(BatchItem(f"r{i}", {}, [])) for i in range(256)]
+        await until(lambda: len(w.running) == 256)
+        answers = await asyncio.gather(*futures, return_exceptions=True)
+        assert not [a for a in answers if isinstance(a, BaseException)]
         for rid in list(w.running):
             w.end(rid)
         await until(lambda: d.in_flight == 0)
