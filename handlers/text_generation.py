@@ -28,7 +28,7 @@ from handlers import runtimes
 from handlers.context import Context
 from handlers.exceptions import PredictionException
 from handlers.generation.engine import Engine, StepOutput
-from handlers.generation.loading import engine_limits, load_model
+from handlers.generation.loading import cuda_graphs, engine_limits, load_model
 from handlers.generation.params import GenerationRequest, parse_request
 from handlers.generation.streams import RequestStreams
 from handlers.generation.streams import logprobs_rows as _logprobs
@@ -64,7 +64,7 @@ class TextGenerationHandler:
         config = yaml_config.get("handler") or {}
         model, tokenizer = load_model(properties["model_dir"], config, device)
         limits = engine_limits(config, model, properties.get("batch_size"))
-        self.engine = Engine(model, tokenizer, limits)
+        self.engine = Engine(model, tokenizer, limits, cuda_graphs=cuda_graphs(config))
         self.continuous = bool(yaml_config.get("continuousBatching", False))
         context.cache = {}
         self.initialized = True

@@ -8,6 +8,11 @@ row; a leaving one is replaced by the last row, so the rows stay compact. The te
 doubling rows and by half again the columns (up to the longest row) and are freed when the
 batch empties or shrink when the longest row left or most rows did. ``padded_tokens`` counts the
 positions attention reads: rows x the longest row.
+
+A cache made with ``keep_memory`` (the engine's on a GPU with CUDA graphs, which read the
+tensors where they were captured: `handlers.generation.graphs`) grows by at least 256 columns at
+a time and never gives memory back, so that its tensors, and the graphs over them, stay put once
+the load has been seen.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from handlers.generation.transfers import to_device
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), ``(b, h, n, d)``
 
 
-def _more(columns: int) -> int:
-    """Columns to grow to from ``columns``: half as many again, at least 64 more (a copy every
-    few dozen steps at most, and at most a third of the columns unused)."""
-    return columns + max(64, columns // 2)
+def _more(columns: int, least: int = 64) -> int:
+    """Columns to grow to from ``columns``: half as many again, at least ``least`` more (a copy
+    every few dozen steps at most, and at most a third of the columns unused)."""
+    return columns + max(least, columns // 2)
 
 
 def _grown(t: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
@@ -34,7 +39,9 @@ def _grown(t: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
 class BatchCache:
     """Rows of running sequences sharing one cache, addressed by sequence key."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_memory: bool = False) -> None:
+        self.keep_memory = keep_memory
+        self._least = 256 if keep_memory else 64  # columns added at a time, at least
         self.keys: list[str] = []
         self.layers: Layers = []
         self.lengths: list[int] = []  # positions held by each row
@@ -86,7 +93,7 @@ class BatchCache:
         self._width = self.width
         if self.layers and self._width > self.layers[0][0].shape[2]:
             rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
-            self._resize(rows, max(self._width, _more(columns)))
+            self._resize(rows, max(self._width, _more(columns, self._least)))
 
     @property
     def write_positions(self) -> torch.Tensor:
@@ -123,7 +130,10 @@ class BatchCache:
         first, longest = len(self.keys), max(lengths)
         if not self.layers:
             self.layers = [
-                (_grown(k[:0, :, :0], 4, _more(longest)), _grown(v[:0, :, :0], 4, _more(longest)))
+                (
+                    _grown(k[:0, :, :0], 4, _more(longest, self._least)),
+                    _grown(v[:0, :, :0], 4, _more(longest, self._least)),
+                )
                 for k, v in packed
             ]
         rows, columns = self.layers[0][0].shape[0], self.layers[0][0].shape[2]
@@ -131,7 +141,7 @@ class BatchCache:
         if needed_rows > rows or longest + 1 > columns:
             while rows < needed_rows:
                 rows *= 2
-            self._resize(rows, max(columns, _more(longest)))
+            self._resize(rows, max(columns, _more(longest, self._least)))
         counts = torch.tensor(lengths)
         row_index = torch.repeat_interleave(torch.arange(first, needed_rows), counts)
         column_index = torch.cat([torch.arange(n) for n in lengths])
@@ -163,6 +173,8 @@ class BatchCache:
             for hole, mover in zip(holes, movers, strict=True):
                 self.keys[hole], self.lengths[hole] = self.keys[mover], self.lengths[mover]
         del self.keys[stay:], self.lengths[stay:]
+        if self.keep_memory:
+            return
         if not self.keys:
             self.layers = []
             return

@@ -30,6 +30,7 @@ import torch
 from handlers.exceptions import PredictionException, report_failure
 from handlers.generation.cache import BatchCache, Layers
 from handlers.generation.detokenize import IncrementalDecoder, StopMatcher
+from handlers.generation.graphs import DecodeGraphs
 from handlers.generation.params import GenerationRequest, SamplingParams
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.ragged import ChunkState, StepPlan, install, planned
@@ -117,12 +118,13 @@ def model_context_length(model: Any) -> int | None:
 class Engine:
     """Continuous batching over a Hugging Face causal LM and its tokenizer."""
 
-    def __init__(self, model: Any, tokenizer: Any, limits: EngineLimits) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, limits: EngineLimits, cuda_graphs: bool = True
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self._limits = limits
         self.scheduler: Scheduler[Sequence] = Scheduler(limits)
-        self.batch = BatchCache()
         self.prefixes = PrefixCache(limits.prefix_cache_tokens)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -134,6 +136,12 @@ class Engine:
             # memory-efficient attention take any shape as it comes.
             torch.backends.cuda.enable_cudnn_sdp(False)
         install(model)
+        self.graphs = (  # decode steps replayed from CUDA graphs (`handlers.generation.graphs`)
+            DecodeGraphs(model, self.device, limits.max_running_sequences)
+            if cuda_graphs and self.device.type == "cuda"
+            else None
+        )
+        self.batch = BatchCache(keep_memory=self.graphs is not None)
         self._cancelled: set[str] = set()
         self._leaving: set[str] = set()  # ended this step: their rows go together (`_leave_batch`)
         self.steps = 0
@@ -159,6 +167,11 @@ class Engine:
             "prefix_queried_tokens": self.prefixes.queried_tokens,
             "prefix_hit_tokens": self.prefixes.hit_tokens,
             "shared_prompt_tokens": self.shared_prompt_tokens,
+            **(
+                {"cuda_graph_hits": self.graphs.hits, "cuda_graph_captures": self.graphs.captures}
+                if self.graphs is not None
+                else {}
+            ),
         }
 
     def has_work(self) -> bool:
@@ -283,17 +296,20 @@ class Engine:
             positions += range(chunk.start, chunk.end)
             last.append(len(ids) - 1)
         self.batch.begin_step()
-        plan = StepPlan(
-            len(rows), self.batch, states, self.batch.step_mask(self.batch.write_positions)
-        )
-        ids_on, positions_on, keep = to_device(  # the step's inputs in one copy
-            self.device,
-            torch.tensor(ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            torch.tensor(list(range(len(rows))) + last, dtype=torch.long),
-        )
+        plan = StepPlan(len(rows), self.batch, states)
         try:
-            logits = self._forward(ids_on[None], positions_on[None], keep, plan)
+            logits = None
+            if self.graphs is not None and not chunks:  # a decode step: replayed if it fits
+                logits = self.graphs.run(self.batch, ids)
+            if logits is None:
+                plan.decode_mask = self.batch.step_mask(self.batch.write_positions)
+                ids_on, positions_on, keep = to_device(  # the step's inputs in one copy
+                    self.device,
+                    torch.tensor(ids, dtype=torch.long),
+                    torch.tensor(positions, dtype=torch.long),
+                    torch.tensor(list(range(len(rows))) + last, dtype=torch.long),
+                )
+                logits = self._forward(ids_on[None], positions_on[None], keep, plan)
         except Exception as exc:
             return [self._fail(seq, exc) for seq in rows + prefill]
         if rows:

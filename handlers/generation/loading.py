@@ -9,7 +9,8 @@ folder or a ``.gguf`` file, relative to the model directory) and ``dtype``. With
 ``bfloat16`` and ``float16`` choose. On this project's CPU bfloat16 halves the decode step and
 the prefill (docs/performance.md). The engine's limits come from the same section:
 ``max_running_sequences``, ``max_cached_tokens``, ``max_model_len``, ``prefill_chunk_tokens`` and
-``prefix_cache_tokens`` (0 turns prefix caching off).
+``prefix_cache_tokens`` (0 turns prefix caching off); ``cuda_graphs: false`` turns off the
+CUDA graphs of decode steps on a GPU.
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def _integer(config: dict, key: str, default: int, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
         raise HandlerLoadError(f"text_generation: handler.{key} must be {kind}")
+    return value
+
+
+def cuda_graphs(config: dict) -> bool:
+    """``handler.cuda_graphs`` (default true): replay decode steps from CUDA graphs on a GPU
+    (`handlers.generation.graphs`); false runs every step eagerly. No effect on a CPU."""
+    value = config.get("cuda_graphs", True)
+    if not isinstance(value, bool):
+        raise HandlerLoadError("text_generation: handler.cuda_graphs must be true or false")
     return value
 
 

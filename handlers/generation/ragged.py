@@ -28,12 +28,12 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from handlers.generation.cache import BatchCache, Layers
+from handlers.generation.cache import Layers
 
 IMPLEMENTATION = "lantern_ragged"
 
@@ -53,12 +53,22 @@ class ChunkState:
         return self.past[0][0].shape[2] if self.past else 0
 
 
+class DecodeWrites(Protocol):
+    """Where a step's decode rows write their new keys and what their attention reads: the
+    running batch's cache (`BatchCache`), or its fixed view in a captured step
+    (`handlers.generation.graphs.FixedWrites`)."""
+
+    def write(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass
 class StepPlan:
     """What the packed tokens of one forward are: ``rows`` decode rows, then ``chunks``."""
 
     rows: int
-    batch: BatchCache
+    batch: DecodeWrites
     chunks: list[ChunkState]
     decode_mask: torch.Tensor | None = None  # (rows, 1, 1, width), from the batch
     keys: Layers = field(default_factory=list)  # per layer the step's packed (keys, values)

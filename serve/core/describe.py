@@ -89,6 +89,8 @@ _ENGINE_KEYS = {
     "prefix_queried_tokens": "prefixQueriedTokens",
     "prefix_hit_tokens": "prefixHitTokens",
     "shared_prompt_tokens": "sharedPromptTokens",
+    "cuda_graph_hits": "cudaGraphHits",
+    "cuda_graph_captures": "cudaGraphCaptures",
 }
 
 

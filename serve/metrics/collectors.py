@@ -116,6 +116,11 @@ class ServingCollector(_RegistryCollector):
             "was prefilled once for all.",
             labels=[*_MODEL, "worker"],
         )
+        graph_hits = CounterMetricFamily(
+            "serve_engine_cuda_graph_hits",
+            "Decode steps each engine replayed from a captured CUDA graph (on a GPU).",
+            labels=[*_MODEL, "worker"],
+        )
         for mv in self.serving.all_versions():
             key = [mv.name, mv.version]
             depth.add_metric(key, mv.pending_requests())
@@ -143,6 +148,8 @@ class ServingCollector(_RegistryCollector):
                         prefix_hits.add_metric(labels, engine["prefix_hit_tokens"])
                     if "shared_prompt_tokens" in engine:
                         shared.add_metric(labels, engine["shared_prompt_tokens"])
+                    if "cuda_graph_hits" in engine:
+                        graph_hits.add_metric(labels, engine["cuda_graph_hits"])
                 if info.pid is not None and state is not WorkerState.DEAD:
                     memory = process_memory(info.pid)
                     if memory is not None:
@@ -164,6 +171,8 @@ class ServingCollector(_RegistryCollector):
             yield from (prefix_held, prefix_queries, prefix_hits)
         if shared.samples:
             yield shared
+        if graph_hits.samples:
+            yield graph_hits
 
     def _process_memory(self) -> Iterator[Metric]:
         spares = [process_memory(pid) for pid in self.serving.spares.ready_pids()]

@@ -515,3 +515,39 @@ def test_a_step_reads_from_the_device_once(model, tokenizer, monkeypatch):
                 engine.add("late", GenerationRequest(PROMPTS[1], GREEDY))
     assert len(per_step) > 10
     assert max(per_step) <= 1, per_step
+
+
+def test_a_captured_decode_step_as_a_graph_holds_it_equals_the_eager_step(model, tokenizer):
+    """What a CUDA graph replays (`DecodeGraphs.forward`: rows padded to a captured size,
+    attention over every allocated column under a mask built from the positions) gives the
+    eager step's logits, on the CPU; and the sequences go on to ``generate``'s tokens after it
+    (the padding rows' writes touched no sequence's cache)."""
+    from handlers.generation.graphs import DecodeGraphs
+    from handlers.generation.ragged import StepPlan
+
+    engine = make_engine(model, tokenizer, chunk=256)
+    for i in range(3):
+        engine.add(str(i), GenerationRequest(PROMPTS[i], GREEDY))
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    for _ in range(3):  # all three prefilled and decoding, rows of different lengths
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    batch = engine.batch
+    assert len(batch) == 3 and len(set(batch.lengths)) == 3
+    graphs = DecodeGraphs(model, torch.device("cpu"), 8)
+    by_id = {seq.request_id: seq for seq in engine.scheduler.running}
+    ids = [by_id[key].last_token for key in batch.keys]
+    with torch.inference_mode():
+        batch.begin_step()
+        size = graphs.size_for(len(ids), batch)
+        assert size == 4 and batch.layers[0][0].shape[2] > max(batch.lengths) + 1
+        graphs.stage(batch, ids, size)
+        replayed = graphs.forward(batch, size)[:3].float()
+        plan = StepPlan(3, batch, [], batch.step_mask(batch.write_positions))
+        positions = torch.tensor(batch.lengths)
+        eager = engine._forward(torch.tensor([ids]), positions[None], torch.arange(3), plan)
+    assert torch.allclose(replayed, eager.float(), atol=1e-4)
+    for key, outs in drain(engine).items():
+        seen[key].extend(outs)
+    for i in range(3):
+        assert tokens(seen[str(i)]) == reference(model, tokenizer, PROMPTS[i], 24)

@@ -177,6 +177,22 @@ def test_the_batch_cache_keeps_rows_compact_and_writes_each_row_at_its_length():
     assert len(batch) == 0 and batch.padded_tokens == 0 and batch.layers == []
 
 
+def test_a_batch_cache_that_keeps_its_memory_grows_in_large_steps_and_never_moves_back():
+    batch = BatchCache(keep_memory=True)  # the engine's on a GPU with CUDA graphs
+    batch.join("a", _one(3, 1.0), 3)
+    tensor = batch.layers[0][0]
+    assert tensor.shape[2] >= 3 + 256  # one step of 256 columns, not 64
+    batch.join("long", _one(400, 4.0), 400)
+    grown = batch.layers[0][0]
+    assert grown.shape[2] >= 400 + 256
+    batch.leave({"long"})  # no shrink: the tensors (and graphs over them) stay put
+    assert batch.layers[0][0] is grown and batch.positions().tolist() == [3]
+    batch.leave({"a"})
+    assert len(batch) == 0 and batch.layers[0][0] is grown
+    batch.join("b", _one(5, 2.0), 5)  # an empty batch reuses them
+    assert batch.layers[0][0] is grown and batch.layers[0][0][0, 0, :5, 0].tolist() == [2.0] * 5
+
+
 def test_min_tokens_masks_eos_and_stop_ids_until_enough_tokens():
     from handlers.generation.params import SamplingParams
     from handlers.generation.sampling import Sampler
