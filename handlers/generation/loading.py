@@ -25,6 +25,10 @@ from handlers.generation.scheduler import EngineLimits
 DEFAULT_RUNNING = 8
 DEFAULT_CACHED_TOKENS = 16384
 DEFAULT_PREFILL_CHUNK = 256
+# On a GPU a step's cost hardly grows with its prompt tokens until there are thousands, while
+# every step costs the host the same: 256 tokens a step prefilled a burst of 256 short prompts in
+# 15 eager steps (docs/performance.md, GPU run 3).
+DEFAULT_PREFILL_CHUNK_GPU = 2048
 DEFAULT_PREFIX_CACHE_TOKENS = 4096
 LIMIT_KEYS = (
     "max_running_sequences",
@@ -115,6 +119,16 @@ def cuda_graphs(config: dict) -> bool:
     return value
 
 
+def _prefill_chunk(model: Any) -> int:
+    """The default prompt tokens a step prefills: more on a GPU."""
+    device = getattr(model, "device", None)
+    return (
+        DEFAULT_PREFILL_CHUNK_GPU
+        if getattr(device, "type", "") == "cuda"
+        else DEFAULT_PREFILL_CHUNK
+    )
+
+
 def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLimits:
     """The engine's limits: the config's values, else defaults (the model's own context).
 
@@ -134,7 +148,7 @@ def engine_limits(config: dict, model: Any, batch_size: int | None) -> EngineLim
         max_running_sequences=_integer(config, "max_running_sequences", running_default),
         max_cached_tokens=cached,
         max_model_len=model_len,
-        prefill_chunk_tokens=_integer(config, "prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
+        prefill_chunk_tokens=_integer(config, "prefill_chunk_tokens", _prefill_chunk(model)),
         prefix_cache_tokens=_integer(
             config, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS, least=0
         ),

@@ -484,9 +484,9 @@ def test_a_rider_outlives_a_forward_that_failed_its_first(model, tokenizer, monk
 
 def test_a_step_reads_from_the_device_once(model, tokenizer, monkeypatch):
     """Every way a tensor's values reach Python (``item``, ``tolist``, ``cpu``, ``numpy``,
-    ``int()``/``float()``/``bool()`` of a tensor) is counted inside each step: greedy steps with
-    rows joining, leaving and prefilling in chunks make at most one (the chosen tokens). On a
-    GPU each of those is a wait on the device."""
+    ``int()``/``float()``/``bool()`` of a tensor) is counted inside each step: steps of greedy
+    and sampled rows joining, leaving and prefilling in chunks make at most one (the chosen
+    tokens). On a GPU each of those is a wait on the device."""
     engine = make_engine(model, tokenizer, chunk=8)
     reads = 0
 
@@ -500,8 +500,11 @@ def test_a_step_reads_from_the_device_once(model, tokenizer, monkeypatch):
 
         return read
 
-    for i, prompt in enumerate(PROMPTS):
-        params = SamplingParams(max_tokens=6 + 3 * i, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):  # greedy and sampled rows, some with top-k / top-p
+        sampled = {"temperature": 0.8, "top_k": 5 * i, "top_p": 0.9, "seed": i} if i % 2 else {}
+        params = SamplingParams(
+            max_tokens=6 + 3 * i, ignore_eos=True, **{"temperature": 0.0, **sampled}
+        )
         engine.add(str(i), GenerationRequest(prompt, params))
     per_step = []
     with monkeypatch.context() as patch:

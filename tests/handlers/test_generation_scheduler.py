@@ -267,13 +267,13 @@ def test_many_rows_leave_at_once_and_the_last_rows_fill_the_holes():
 
 def test_plain_greedy_rows_share_one_argmax_and_the_others_choose_alone():
     from handlers.generation.params import SamplingParams
-    from handlers.generation.sampling import Sampler, choose_tokens
+    from handlers.generation.sampling import Sampler, choose_tokens, sample_rows
 
     logits = torch.tensor(
         [
             [0.0, 5.0, 4.0, 3.0],  # EOS (1) banned for its first 2 tokens: 2
             [9.0, 1.0, 0.0, 0.0],  # plain greedy: 0
-            [0.0, 1.0, 2.0, 8.0],  # sampled by its own sampler
+            [0.0, 1.0, 2.0, 8.0],  # sampled with the step's other sampled rows, by its seed
             [0.0, 0.0, 7.0, 1.0],  # logprobs asked: its own sampler, greedy with logprobs
         ]
     )
@@ -290,20 +290,89 @@ def test_plain_greedy_rows_share_one_argmax_and_the_others_choose_alone():
     tokens = [[c[0] for c in choose_tokens(rows, logits.clone())] for _ in range(3)]  # type: ignore[index]
     assert [t[:2] for t in tokens] == [[2, 0], [2, 0], [1, 0]]  # two tokens out: EOS allowed
     assert [t[3] for t in tokens] == [2, 2, 2]
-    alone = Sampler(SamplingParams(temperature=1.0, seed=3), [], [1])
-    assert [t[2] for t in tokens] == [alone.choose(logits[2])[0] for _ in range(3)]  # its seed
+    again = [Sampler(SamplingParams(temperature=1.0, seed=3), [], [1])]
+    assert [t[2] for t in tokens] == [int(sample_rows(again, logits[2:3])[0]) for _ in range(3)]
     choice = choose_tokens(samplers()[3:], logits[3:].clone())[0]
     assert not isinstance(choice, Exception) and choice[1] is not None
     assert choice[1].token_id == 2 and choice[1].top[0][0] == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "banned_first"),
+    [
+        ({"temperature": 1.0}, False),
+        ({"temperature": 0.7, "top_k": 3}, False),
+        ({"temperature": 1.3, "top_p": 0.8}, False),
+        ({"temperature": 1.0, "top_k": 4, "top_p": 0.9, "min_tokens": 1}, True),
+    ],
+)
+def test_sampling_rows_together_draws_from_the_same_distribution_as_one_by_one(
+    params: dict, banned_first: bool
+) -> None:
+    """4,000 rows sampled together (`sample_rows`, each its own seed) and 4,000 tokens of the
+    per-sequence sampler (`Sampler.choose`) against the filtered softmax they both draw from."""
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler, sample_rows
+
+    row = torch.tensor([0.5, 2.0, 1.0, 1.5, -1.0, 0.0])
+    n = 4000
+    together = [Sampler(SamplingParams(seed=i, **params), [], [1]) for i in range(n)]
+    drawn = sample_rows(together, row.repeat(n, 1))
+    alone = Sampler(SamplingParams(seed=1, **params), [], [1])
+    one_by_one = []
+    for _ in range(n):
+        alone._generated = 0  # min_tokens applies to every draw, as to the first
+        one_by_one.append(alone.choose(row)[0])
+    # the distribution both draw from: banned, then temperature, top-k, top-p
+    logits = row.clone()
+    if banned_first:
+        logits[1] = float("-inf")
+    logits = logits / params["temperature"]
+    if params.get("top_k"):
+        logits[logits < torch.topk(logits, params["top_k"]).values[-1]] = float("-inf")
+    if params.get("top_p", 1.0) < 1.0:
+        ordered, order = torch.sort(logits, descending=True)
+        p = torch.softmax(ordered, -1)
+        drop = p.cumsum(-1) - p >= params["top_p"]
+        logits[order[drop]] = float("-inf")
+    expected = torch.softmax(logits, -1)
+    for tokens in (drawn.tolist(), one_by_one):
+        seen = torch.bincount(torch.tensor(tokens), minlength=len(row)).float() / n
+        assert (seen - expected).abs().max() < 0.03, (seen, expected)
+        assert all(seen[i] == 0 for i in range(len(row)) if expected[i] == 0)
+
+
+def test_a_seeded_row_samples_the_same_tokens_whatever_is_sampled_beside_it() -> None:
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import Sampler, sample_rows
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    seeded = SamplingParams(temperature=1.0, seed=11)
+    alone_sampler = Sampler(seeded, [], [1])
+    alone = [int(sample_rows([alone_sampler], logits[1:2])[0]) for _ in range(5)]
+    crowd = [Sampler(SamplingParams(temperature=0.5), [], [1]), Sampler(seeded, [], [1])]
+    crowd.append(Sampler(SamplingParams(temperature=2.0, top_k=5), [], [1]))
+    beside = [int(sample_rows(crowd, logits)[1]) for _ in range(5)]
+    assert beside == alone
 
 
 def test_a_sampler_that_fails_fails_its_row_alone(monkeypatch):
     from handlers.generation.params import SamplingParams
     from handlers.generation.sampling import Sampler, choose_tokens
 
-    broken = Sampler(SamplingParams(temperature=1.0, seed=1), [], [1])
+    broken = Sampler(SamplingParams(temperature=1.0, seed=1, repetition_penalty=1.2), [], [1])
     monkeypatch.setattr(broken, "choose", lambda row: (_ for _ in ()).throw(ValueError("bad")))
-    rows = [Sampler(SamplingParams(temperature=0), [], [1]), broken]
-    choices = choose_tokens(rows, torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0]]))
-    assert choices[0] == (2, None)
-    assert isinstance(choices[1], ValueError)
+    drawn = Sampler(SamplingParams(temperature=1.0, seed=1), [], [1])
+    rows = [Sampler(SamplingParams(temperature=0), [], [1]), broken, drawn]
+    logits = torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0], [0.0, 9.0, 0.0]])
+    choices = choose_tokens(rows, logits.clone())
+    assert choices[0] == (2, None) and isinstance(choices[1], ValueError)
+    assert not isinstance(choices[2], Exception)
+    from handlers.generation import sampling
+
+    def fails(*args: object) -> None:
+        raise RuntimeError("the rows sampled together failed")
+
+    monkeypatch.setattr(sampling, "sample_rows", fails)  # every sampled row of the step fails
+    choices = choose_tokens(rows, logits.clone())
+    assert choices[0] == (2, None) and isinstance(choices[2], RuntimeError)
