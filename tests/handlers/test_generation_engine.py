@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 import torch
@@ -501,10 +502,9 @@ def test_a_step_reads_from_the_device_once(model, tokenizer, monkeypatch):
         return read
 
     for i, prompt in enumerate(PROMPTS):  # greedy and sampled rows, some with top-k / top-p
-        sampled = {"temperature": 0.8, "top_k": 5 * i, "top_p": 0.9, "seed": i} if i % 2 else {}
-        params = SamplingParams(
-            max_tokens=6 + 3 * i, ignore_eos=True, **{"temperature": 0.0, **sampled}
-        )
+        params = SamplingParams(max_tokens=6 + 3 * i, temperature=0.0, ignore_eos=True)
+        if i % 2:
+            params = replace(params, temperature=0.8, top_k=5 * i, top_p=0.9, seed=i)
         engine.add(str(i), GenerationRequest(prompt, params))
     per_step = []
     with monkeypatch.context() as patch:
