@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from handlers.exceptions import PredictionException
 from handlers.generation.params import SamplingParams
 from handlers.generation.transfers import to_device, to_host
 
@@ -146,10 +147,15 @@ class Sampler:
 Choice = tuple[int, TokenLogprobs | None]  # a row's token and its log-probabilities
 
 
+NO_TOKEN = -1
+BANNED_ALL = "stop_token_ids and EOS ban every token while min_tokens are not out"
+
+
 def sample_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> torch.Tensor:
     """One token for each row of ``logits (rows, vocab)``, every row sampled by its own
     sampler's temperature, top-k, top-p, banned tokens and random stream, together on the
-    logits' device; the tokens stay there (``(rows,)``).
+    logits' device; the tokens stay there (``(rows,)``), `NO_TOKEN` for a row that has none
+    to choose (its stop ids and EOS ban every token while ``min_tokens`` are not out).
 
     Each row is sampled as ``argmax(p / e)`` with ``e`` drawn from Exp(1) per token from the row's
     own generator: the token with the least "arrival time" ``e / p`` wins with probability ``p``,
@@ -182,6 +188,7 @@ def sample_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> torch.Tens
             cutoff = values.gather(-1, kth.clamp(max=values.shape[-1] - 1)[:, None])
             cutoff = torch.where(kth[:, None] < vocab - 1, cutoff, float("-inf"))
             x = x.masked_fill(x < cutoff, float("-inf"))
+    alive = torch.isfinite(x).any(dim=-1)  # a row whose banned ids are every token has none
     if any(p.top_p < 1.0 for p in params):
         ordered, order = torch.sort(x, dim=-1, descending=True)
         probs = torch.softmax(ordered, dim=-1)
@@ -192,7 +199,8 @@ def sample_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> torch.Tens
     for i, sampler in enumerate(samplers):
         noise[i].exponential_(generator=sampler.generator_on(device))
     # A draw of exactly 0 (about once in 2**24) would make 0 / 0 of a token cut above.
-    return torch.argmax(probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny), dim=-1)
+    tokens = torch.argmax(probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny), dim=-1)
+    return torch.where(alive, tokens, NO_TOKEN)
 
 
 def _index(rows: list[int]) -> torch.Tensor:
@@ -235,6 +243,8 @@ def choose_tokens(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[Cho
         whole = len(plain) == len(samplers)
         block = logits if whole else logits[to_device(device, _index(plain))[0]]
         greedy = torch.argmax(block, dim=-1)
+        if rows:  # banned ids that are every token leave a row nothing to choose
+            greedy = torch.where(torch.isfinite(block).any(dim=-1), greedy, NO_TOKEN)
     sampled_tokens: torch.Tensor | None = None
     failed: Exception | None = None
     if drawn:
@@ -249,6 +259,9 @@ def choose_tokens(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[Cho
     choices: list[Choice | Exception] = [ValueError("no token chosen")] * len(samplers)
     order = plain + (drawn if sampled_tokens is not None else [])
     for i, token in zip(order, tokens.tolist() if tokens is not None else [], strict=True):
+        if token == NO_TOKEN:
+            choices[i] = PredictionException(BANNED_ALL, 400)
+            continue
         samplers[i].record(token)
         choices[i] = (token, None)
     if failed is not None:

@@ -356,6 +356,23 @@ def test_a_seeded_row_samples_the_same_tokens_whatever_is_sampled_beside_it() ->
     assert beside == alone
 
 
+def test_a_row_whose_stop_ids_ban_every_token_fails_alone() -> None:
+    from handlers.exceptions import PredictionException
+    from handlers.generation.params import SamplingParams
+    from handlers.generation.sampling import BANNED_ALL, Sampler, choose_tokens
+
+    everything = SamplingParams(temperature=1.0, min_tokens=2, stop_token_ids=(0, 2))
+    greedy = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(0, 2))
+    rows = [Sampler(everything, [], [1]), Sampler(SamplingParams(temperature=1.0), [], [1])]
+    rows += [Sampler(greedy, [], [1]), Sampler(SamplingParams(temperature=0.0), [], [1])]
+    logits = torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0], [0.0, 1.0, 3.0], [0.0, 1.0, 3.0]])
+    choices = choose_tokens(rows, logits)
+    for failed in (choices[0], choices[2]):
+        assert isinstance(failed, PredictionException) and failed.error_code == 400
+        assert str(failed.message) == BANNED_ALL
+    assert not isinstance(choices[1], Exception) and choices[3] == (2, None)
+
+
 def test_a_sampler_that_fails_fails_its_row_alone(monkeypatch):
     from handlers.generation.params import SamplingParams
     from handlers.generation.sampling import Sampler, choose_tokens
