@@ -275,7 +275,7 @@ class EngineLoop:
         return frames
 
     def _arrive(self, frame: Frame, decode: bool, prepared: _Prepared | None) -> None:
-        from handlers.exceptions import PredictionException
+        from handlers.exceptions import PredictionException, report_failure
 
         requests = prepared.requests if prepared is not None else decode_predict(frame)
         if prepared is None and any(req.headers.get("describe") for req in requests):
@@ -302,6 +302,10 @@ class EngineLoop:
                     self.streams.open(engine_id, item[0], item[1])
             except PredictionException as exc:
                 batch.answers[index] = _error(exc, req.request_id)
+                continue
+            except Exception as exc:  # e.g. seeding: this request fails, never the worker
+                code, kind, message = report_failure(exc, [req.request_id], logger)
+                batch.answers[index] = ErrorItem(code, kind, message, req.request_id)
                 continue
             self._owner[engine_id] = (frame.seq, index)
         self._maybe_done(batch)
