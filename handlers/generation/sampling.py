@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from handlers.exceptions import PredictionException
 from handlers.generation.params import SamplingParams
 
 
@@ -69,6 +70,10 @@ class Sampler:
         if banned := self.banned():
             logits = logits.clone() if logits is raw else logits
             logits[list(banned)] = float("-inf")
+            if not bool(torch.isfinite(logits).any()):
+                raise PredictionException(
+                    "stop_token_ids and EOS ban every token while min_tokens are not out", 400
+                )
         token = int(torch.argmax(logits)) if self._generator is None else self._sample(logits)
         self.record(token)
         return token, self._logprobs(raw, token)

@@ -176,6 +176,12 @@ def test_the_neighbour_stream_gets_its_own_tokens_beside_bad_requests(service, r
         {"prompt": "hello", "temperature": 5e-324, "max_tokens": 4, "seed": 1},
         {"prompt": "hello", "top_p": 10**400},
         {"prompt": "hello", "stop_token_ids": list(range(2000))},
+        {  # every token banned until min_tokens are out: nothing left to sample
+            "prompt": "hello",
+            "stop_token_ids": list(range(service.handler.engine.vocab_size)),
+            "min_tokens": 3,
+            "seed": 5,
+        },
     ]
     neighbour, seqs = _send(conn, bad)
     tokens: list[int] = []
@@ -192,7 +198,7 @@ def test_the_neighbour_stream_gets_its_own_tokens_beside_bad_requests(service, r
     assert isinstance(final, ResultItem)
     assert tokens + json.loads(final.body)["tokens"] == greedy(service, NEIGHBOUR, 12)
     codes = [a.code if isinstance(a, ErrorItem) else a.status for a in (answers[s] for s in seqs)]
-    assert codes == [400, 200, 200, 400, 400]
+    assert codes == [400, 200, 200, 400, 400, 400]
     assert thread.is_alive()
 
 

@@ -1,0 +1,125 @@
+"""What one request may cost the other streams of a generative worker (issue 39), in process.
+
+The real `EngineLoop` with the built-in ``text_generation`` handler and the tiny model built in
+code, driven through a fake connection (`tests.serve.test_concurrent_worker`). A neighbour
+stream's per-token gaps are measured quiet and while an attacking request runs beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from handlers.context import Context
+from handlers.generation.params import MAX_STOP_TOKEN_IDS
+from handlers.service import load_service
+from serve.wire.frames import Frame, MsgType
+from serve.wire.messages import ErrorItem, ResultItem, decode_result
+from serve.worker.concurrent import EngineLoop
+from tests.serve.test_concurrent_worker import (
+    MANIFEST,
+    FakeConnection,
+    body,
+    predict,
+    run_in_thread,
+)
+from tests.support.generation_fixtures import save_pretrained
+
+WAIT = 120
+NEIGHBOUR_TOKENS = 60
+# The bar of the issue: the neighbour's p99 gap within this much of its quiet p99.
+P99_SLACK = 0.25
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llm")
+    save_pretrained(folder)
+    yaml_config = {"handler": {"max_running_sequences": 8, "prefill_chunk_tokens": 16}}
+    context = Context(
+        "tiny", str(folder), MANIFEST, 8, None, "0.12.0", model_yaml_config=yaml_config
+    )
+    return load_service(folder, MANIFEST, context)
+
+
+@pytest.fixture
+def loop(service) -> Iterator[FakeConnection]:
+    conn = FakeConnection()
+    thread, code = run_in_thread(
+        EngineLoop(service, service.context, service.handler.request_streams(), 8), conn
+    )
+    yield conn
+    conn.put(Frame(MsgType.SHUTDOWN, 0))
+    thread.join(WAIT)
+    assert code == [0]
+
+
+class Run:
+    """Frames read off a loop: the neighbour's token times and every batch's answer."""
+
+    def __init__(self, conn: FakeConnection) -> None:
+        self.conn = conn
+        self.seq = 0
+        self.answers: dict[int, ResultItem | ErrorItem] = {}
+        self.times: dict[int, list[float]] = {}
+
+    def send(self, request: dict[str, Any] | bytes) -> int:
+        self.seq += 1
+        self.times[self.seq] = []
+        self.conn.put(predict(self.seq, request))
+        return self.seq
+
+    def until(self, *seqs: int) -> None:
+        while not set(seqs) <= set(self.answers):
+            frame = self.conn.next()
+            if frame.type == MsgType.PARTIAL:
+                self.times[frame.seq].append(time.perf_counter())
+            elif frame.type == MsgType.RESULT:
+                self.answers[frame.seq] = decode_result(frame).items[0]
+
+    def gaps(self, seq: int) -> list[float]:
+        times = self.times[seq]
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
+
+
+def neighbour_gaps(run: Run, attack: list[dict[str, Any]]) -> tuple[list[float], list[int]]:
+    """A neighbour stream's per-token gaps while ``attack`` runs beside it; the attack's seqs."""
+    neighbour = run.send(body("the quick brown fox", NEIGHBOUR_TOKENS))
+    attackers = [run.send(request) for request in attack]
+    run.until(neighbour, *attackers)
+    assert isinstance(run.answers[neighbour], ResultItem)
+    return run.gaps(neighbour), attackers
+
+
+def test_a_thousand_stop_token_ids_do_not_slow_a_neighbour(service, loop) -> None:
+    """Each token's stop check is a set lookup: requests with the most ids allowed (and
+    ``min_tokens`` masking them all each step) cost the neighbour what plain ones do."""
+    run = Run(loop)
+    quiet, _ = neighbour_gaps(run, [])
+    plain = {"prompt": "a model", "max_tokens": NEIGHBOUR_TOKENS, "ignore_eos": True, "seed": 1}
+    control, _ = neighbour_gaps(run, [plain] * 3)
+    vocab = service.handler.engine.vocab_size
+    ids = [i % (vocab // 2) for i in range(MAX_STOP_TOKEN_IDS)]
+    heavy = {**plain, "stop_token_ids": ids, "min_tokens": NEIGHBOUR_TOKENS - 1}
+    attacked, seqs = neighbour_gaps(run, [heavy] * 3)
+    assert all(isinstance(run.answers[s], ResultItem) for s in seqs)
+    too_many = run.send({**plain, "stop_token_ids": [0] * (MAX_STOP_TOKEN_IDS + 1)})
+    run.until(too_many)
+    refused = run.answers[too_many]
+    assert isinstance(refused, ErrorItem) and refused.code == 400
+    assert "stop_token_ids" in refused.message
+    # Beside the same number of plain requests, within a generous factor; the p99 bar.
+    assert statistics.median(attacked) < 3 * statistics.median(control) + 0.005, (
+        statistics.median(quiet),
+        statistics.median(control),
+        statistics.median(attacked),
+    )
+    assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
