@@ -26,7 +26,8 @@ from typing import Any
 
 from handlers import runtimes
 from handlers.context import Context
-from handlers.exceptions import PredictionException
+from handlers.exceptions import HandlerLoadError, PredictionException
+from handlers.generation.deadline import TimeLimitExceeded, time_limit
 from handlers.generation.engine import Engine, StepOutput
 from handlers.generation.loading import engine_limits, load_model
 from handlers.generation.params import GenerationRequest, parse_request
@@ -36,6 +37,16 @@ from handlers.generation.streams import usage as _usage
 from handlers.streaming import send_intermediate_predict_response
 
 logger = logging.getLogger(__name__)
+
+# Seconds a chat template may take to render (``handler.chat_template_timeout``).
+TEMPLATE_TIMEOUT = 5.0
+
+
+def _seconds(config: dict, name: str, default: float) -> float:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise HandlerLoadError(f"text_generation: handler.{name} must be a number of seconds > 0")
+    return float(value)
 
 
 def _payload(row: Any) -> Any:
@@ -53,6 +64,7 @@ class TextGenerationHandler:
         self.context: Context | None = None
         self.continuous = False
         self.initialized = False
+        self.template_timeout = TEMPLATE_TIMEOUT
 
     def initialize(self, context: Context) -> None:
         """Load the model and tokenizer and build the engine from model-config.yaml's limits."""
@@ -65,6 +77,7 @@ class TextGenerationHandler:
         model, tokenizer = load_model(properties["model_dir"], config, device)
         limits = engine_limits(config, model, properties.get("batch_size"))
         self.engine = Engine(model, tokenizer, limits)
+        self.template_timeout = _seconds(config, "chat_template_timeout", TEMPLATE_TIMEOUT)
         self.continuous = bool(yaml_config.get("continuousBatching", False))
         context.cache = {}
         self.initialized = True
@@ -82,9 +95,13 @@ class TextGenerationHandler:
         if not getattr(tokenizer, "chat_template", None):
             raise PredictionException("this model's tokenizer has no chat template", 400)
         try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            with time_limit(self.template_timeout, "the chat template"):
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+        except TimeLimitExceeded as exc:  # a template that loops (near) forever
+            message = f"{exc} (handler.chat_template_timeout); the request is refused"
+            raise PredictionException(message, 500) from None
         except Exception as exc:  # a template that raises on these messages
             raise PredictionException(f"the chat template failed: {exc}", 400) from None
         return str(text)

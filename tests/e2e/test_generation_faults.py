@@ -7,7 +7,11 @@ stream runs on, and that the worker's pid is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +19,7 @@ import httpx
 import pytest
 
 from tests.support.generation_fixtures import save_pretrained
-from tests.support.server import LanternServer, build_archive
+from tests.support.server import LanternServer, build_archive, pid_alive
 
 pytest.importorskip("transformers")
 
@@ -23,7 +27,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "minWorkers": 1,
     "maxWorkers": 1,
     "responseTimeout": 120,
@@ -32,6 +36,13 @@ CONFIG = {
 NEIGHBOUR = {"prompt": "the quick brown fox", "max_tokens": 150, "temperature": 0}
 NEIGHBOUR_TOKENS = 150
 BIG_SEED = 2**64
+# Two nested loops of Jinja's largest range: 10**10 turns, hours of rendering.
+LOOPING_TEMPLATE = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+BOUND = 2  # seconds a chat template may render
+LIVENESS = 5  # seconds a worker may leave a liveness ping unanswered
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +57,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     build_archive(
         store, "tiny", "text_generation", config=CONFIG, extra_files=sorted(folder.iterdir())
     )
-    lantern = LanternServer(work, store, ["tiny=tiny.mar"], args=["--no-grpc"])
+    looping = work / "looping"
+    _, looping_tokenizer = save_pretrained(looping)
+    looping_tokenizer.chat_template = LOOPING_TEMPLATE
+    looping_tokenizer.save_pretrained(looping)
+    looping_config = {**CONFIG, "handler": {**CONFIG["handler"], "chat_template_timeout": BOUND}}
+    build_archive(
+        store,
+        "looping",
+        "text_generation",
+        config=looping_config,
+        extra_files=sorted(looping.iterdir()),
+    )
+    lantern = LanternServer(
+        work,
+        store,
+        ["tiny=tiny.mar", "looping=looping.mar"],
+        args=["--no-grpc"],
+        env={"LANTERN_WORKER_LIVENESS_TIMEOUT": str(LIVENESS)},
+    )
     lantern.start(timeout=300)
     yield lantern
     lantern.stop()
@@ -121,3 +150,50 @@ def test_a_denormal_temperature_is_greedy_not_a_500(
     tiny = _post(server, "/v1/completions", {**body, "temperature": temperature})
     assert greedy.status_code == tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+
+def test_a_template_that_never_ends_fails_its_request_and_the_worker_serves_on(
+    server: LanternServer,
+) -> None:
+    (pid,) = server.worker_pids("looping")
+    chat = {"model": "looping", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    started = time.monotonic()
+    response = _post(server, "/v1/chat/completions", chat)
+    took = time.monotonic() - started
+    assert response.status_code == 500, response.text
+    assert "chat template ran past its bound" in response.text
+    assert BOUND <= took < BOUND + 15, took
+    plain = {"model": "looping", "prompt": "hello", "max_tokens": 3, "temperature": 0}
+    assert _post(server, "/v1/completions", plain).status_code == 200
+    assert server.worker_pids("looping") == [pid]
+
+
+def test_a_worker_that_stops_reading_frames_is_replaced(server: LanternServer) -> None:
+    """SIGSTOP: the worker reads nothing, answers no PING; the frontend kills and restarts it
+    within ``worker_liveness_timeout``, and /ping and describe say so."""
+    (pid,) = server.worker_pids("looping")
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        while pid_alive(pid) and time.monotonic() - stopped < LIVENESS + 30:
+            time.sleep(0.1)
+        gone = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert not pid_alive(pid)
+    restarting = server.ping()  # while its replacement loads the model
+    assert LIVENESS - 1 < gone < LIVENESS + 10, gone
+    assert restarting == 500
+    assert "answered no liveness ping" in server.log_text("lantern.log")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # the replacement loads the model again
+        workers = server.describe("looping")[0]["workers"]
+        if [w["status"] for w in workers] == ["READY"] and workers[0]["pid"] != pid:
+            break
+        time.sleep(0.2)
+    (worker,) = server.describe("looping")[0]["workers"]
+    assert worker["status"] == "READY" and worker["pid"] != pid
+    plain = {"model": "looping", "prompt": "hello", "max_tokens": 3, "temperature": 0}
+    assert _post(server, "/v1/completions", plain).status_code == 200
+    assert server.ping() == 200

@@ -123,3 +123,53 @@ def test_a_thousand_stop_token_ids_do_not_slow_a_neighbour(service, loop) -> Non
         statistics.median(attacked),
     )
     assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
+
+
+# Two nested loops of Jinja's largest range: 10**10 turns, hours of rendering.
+LOOPING_TEMPLATE = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+
+
+def test_a_template_that_never_ends_fails_its_request_and_the_reader_reads_on(
+    service, loop, monkeypatch
+) -> None:
+    """The chat template runs on a preparation thread with a time bound: meanwhile the reader
+    answers PINGs, a plain request is answered, a CANCEL is read; then the chat request fails."""
+    bound = 2.0
+    monkeypatch.setattr(service.handler.engine.tokenizer, "chat_template", LOOPING_TEMPLATE)
+    monkeypatch.setattr(service.handler, "template_timeout", bound)
+    run = Run(loop)
+    started = time.monotonic()
+    chat = run.send({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    loop.put(Frame(MsgType.PING, 7))
+    plain = run.send(body("a model", 4, stream=False))
+    run.until(plain)
+    assert chat not in run.answers  # the template still runs
+    assert isinstance(run.answers[plain], ResultItem)
+    assert time.monotonic() - started < bound
+    # the PONG went out at once, before the plain answer, on the frames the loop sent
+    pongs = [f for write in loop.writes for f in write if f.type == MsgType.PONG]
+    assert [f.seq for f in pongs] == [7]
+    run.until(chat)
+    failed = run.answers[chat]
+    took = time.monotonic() - started
+    assert isinstance(failed, ErrorItem) and failed.code == 500, failed
+    assert "chat template ran past its bound of 2 s" in failed.message
+    assert bound <= took < bound + 10, took
+
+
+def test_a_cancel_read_while_a_request_is_prepared_answers_it_cancelled(
+    service, loop, monkeypatch
+) -> None:
+    monkeypatch.setattr(service.handler.engine.tokenizer, "chat_template", LOOPING_TEMPLATE)
+    monkeypatch.setattr(service.handler, "template_timeout", 2.0)
+    run = Run(loop)
+    chat = run.send({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    from serve.wire.messages import Cancel, encode_cancel
+
+    loop.put(encode_cancel(Cancel(chat)))
+    run.until(chat)
+    answer = run.answers[chat]
+    assert isinstance(answer, ErrorItem) and answer.code == 499, answer
