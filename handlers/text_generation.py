@@ -42,6 +42,27 @@ logger = logging.getLogger(__name__)
 TEMPLATE_TIMEOUT = 5.0
 
 
+def _max_prompt_chars(config: dict, tokenizer: Any, max_model_len: int) -> int:
+    """The fewest prompt characters that cannot fit in ``max_model_len`` tokens, whatever they
+    are: ``max_model_len`` x the most UTF-8 bytes one vocabulary entry spells. A character is at
+    least a byte and a token covers at most that many, so a prompt this long has at least
+    ``max_model_len`` tokens and is refused without tokenizing it (a 6 MB prompt took 5.6 s and
+    ~900 MB of the worker's memory to tokenize before its 400). The entries over-count (a
+    byte-level ``Ġ`` is two bytes for one); a tokenizer that folds a long run of text into one
+    token (an unknown token fused over a whole word, a normalizer that deletes text) could fit
+    a longer prompt: ``handler.max_prompt_chars`` sets the bound then."""
+    value = config.get("max_prompt_chars")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HandlerLoadError(
+                "text_generation: handler.max_prompt_chars must be an integer > 0"
+            )
+        return value
+    vocab = tokenizer.get_vocab()
+    widest = max((len(token.encode("utf-8", "surrogatepass")) for token in vocab), default=1)
+    return max_model_len * max(widest, 1)
+
+
 def _seconds(config: dict, name: str, default: float) -> float:
     value = config.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -65,6 +86,7 @@ class TextGenerationHandler:
         self.continuous = False
         self.initialized = False
         self.template_timeout = TEMPLATE_TIMEOUT
+        self.max_prompt_chars = 0  # set from the tokenizer once loaded
 
     def initialize(self, context: Context) -> None:
         """Load the model and tokenizer and build the engine from model-config.yaml's limits."""
@@ -78,15 +100,25 @@ class TextGenerationHandler:
         limits = engine_limits(config, model, properties.get("batch_size"))
         self.engine = Engine(model, tokenizer, limits)
         self.template_timeout = _seconds(config, "chat_template_timeout", TEMPLATE_TIMEOUT)
+        self.max_prompt_chars = _max_prompt_chars(config, tokenizer, limits.max_model_len)
         self.continuous = bool(yaml_config.get("continuousBatching", False))
         context.cache = {}
         self.initialized = True
         logger.info("text_generation: %s loaded, limits %s", context.model_name, limits.as_dict())
 
     def parse(self, row: Any) -> GenerationRequest:
+        """A request from its row; a prompt too long to fit whatever its tokens is refused here,
+        before anything tokenizes it (`_max_prompt_chars`)."""
         assert self.engine is not None
         limit = self.engine.limits().max_model_len
-        return parse_request(_payload(row), limit, self.engine.vocab_size, self._chat_prompt)
+        request = parse_request(_payload(row), limit, self.engine.vocab_size, self._chat_prompt)
+        if self.max_prompt_chars and len(request.prompt) >= self.max_prompt_chars:
+            raise PredictionException(
+                f"the prompt has {len(request.prompt)} characters; this model takes at most "
+                f"{limit - 1} tokens, which spell fewer than {self.max_prompt_chars} characters",
+                400,
+            )
+        return request
 
     def _chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """Chat messages as the prompt, by the tokenizer's chat template."""

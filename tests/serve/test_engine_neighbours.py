@@ -7,6 +7,7 @@ stream's per-token gaps are measured quiet and while an attacking request runs b
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -90,7 +91,7 @@ def p99(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
 
 
-def neighbour_gaps(run: Run, attack: list[dict[str, Any]]) -> tuple[list[float], list[int]]:
+def neighbour_gaps(run: Run, attack: list[dict[str, Any] | bytes]) -> tuple[list[float], list[int]]:
     """A neighbour stream's per-token gaps while ``attack`` runs beside it; the attack's seqs."""
     neighbour = run.send(body("the quick brown fox", NEIGHBOUR_TOKENS))
     attackers = [run.send(request) for request in attack]
@@ -173,3 +174,47 @@ def test_a_cancel_read_while_a_request_is_prepared_answers_it_cancelled(
     run.until(chat)
     answer = run.answers[chat]
     assert isinstance(answer, ErrorItem) and answer.code == 499, answer
+
+
+def test_a_multi_megabyte_prompt_is_refused_before_tokenizing(service, loop, monkeypatch) -> None:
+    """A prompt too long for the model whatever its tokens is a 400 from its length alone: the
+    tokenizer never sees it, and a neighbour stream beside a loop of them keeps its pace."""
+    engine = service.handler.engine
+    encode = engine.tokenizer.encode
+    seen: list[int] = []
+
+    def counted(text: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(len(text))
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", counted)
+    run = Run(loop)
+    quiet, _ = neighbour_gaps(run, [])
+    big = {"prompt": "héllo wörld " * 700_000, "max_tokens": 4}  # 8.4 MB of UTF-8
+    raw = json.dumps(big).encode()
+    assert len(raw) > 8_000_000
+    started = time.monotonic()
+    first = run.send(raw)
+    run.until(first)
+    took = time.monotonic() - started
+    refused = run.answers[first]
+    assert isinstance(refused, ErrorItem) and refused.code == 400, refused
+    assert "characters" in refused.message and took < 5, took
+    assert max(seen, default=0) < service.handler.max_prompt_chars  # never tokenized
+    attacked, seqs = neighbour_gaps(run, [raw] * 6)
+    assert all(isinstance(run.answers[s], ErrorItem) for s in seqs)
+    assert max(seen, default=0) < service.handler.max_prompt_chars
+    assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
+
+
+def test_a_prompt_just_under_the_bound_is_tokenized_and_refused_by_its_tokens(
+    service, loop
+) -> None:
+    bound = service.handler.max_prompt_chars
+    limit = service.handler.engine.limits().max_model_len
+    run = Run(loop)
+    seq = run.send({"prompt": "the quick brown fox " * ((bound - 1) // 20), "max_tokens": 4})
+    run.until(seq)
+    answer = run.answers[seq]
+    assert isinstance(answer, ErrorItem) and answer.code == 400, answer
+    assert f"this model takes at most {limit - 1}" in answer.message
