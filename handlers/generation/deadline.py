@@ -20,6 +20,15 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+# A block that runs longer than PAUSE_AFTER (no usual template does) sleeps PAUSE every
+# PAUSE_EVERY seconds: a thread busy in Python holds the GIL for up to the switch interval (5 ms)
+# each time another thread wants it back, and the engine's step wants it back after every torch
+# call, so a runaway template beside it made a neighbour's tokens ~20x slower; pausing hands the
+# GIL over at once.
+PAUSE_AFTER = 0.02
+PAUSE_EVERY = 0.001
+PAUSE = 0.004
+
 
 class TimeLimitExceeded(Exception):
     """The block ran past its time bound."""
@@ -29,11 +38,17 @@ class TimeLimitExceeded(Exception):
 def time_limit(seconds: float, what: str) -> Iterator[None]:
     """Run the block with a bound of ``seconds``; past it, `TimeLimitExceeded` (naming ``what``)
     is raised at the next line of Python the block runs on this thread."""
-    end = time.monotonic() + seconds
+    start = time.monotonic()
+    end = start + seconds
+    next_pause = [start + PAUSE_AFTER]
 
     def check(frame: FrameType, event: str, arg: Any) -> Any:
-        if time.monotonic() > end:
+        now = time.monotonic()
+        if now > end:
             raise TimeLimitExceeded(f"{what} ran past its bound of {seconds:g} s")
+        if now >= next_pause[0]:  # a long run gives the GIL way to the engine's thread
+            time.sleep(PAUSE)
+            next_pause[0] = time.monotonic() + PAUSE_EVERY
         return check
 
     previous = sys.gettrace()
