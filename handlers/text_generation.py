@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 # Seconds a chat template may take to render (``handler.chat_template_timeout``).
 TEMPLATE_TIMEOUT = 5.0
+# The most bytes one prompt character takes in a JSON body (a character outside the BMP written
+# as two ``\uXXXX`` escapes), and room for every other field (chat messages' roles and
+# separators, 16 stop strings of 256 characters, 1,024 stop token ids, ...).
+MAX_ESCAPED_CHAR = 12
+OTHER_FIELDS_BYTES = 1 << 20
 
 
 def _max_prompt_chars(config: dict, tokenizer: Any, max_model_len: int) -> int:
@@ -87,6 +92,7 @@ class TextGenerationHandler:
         self.initialized = False
         self.template_timeout = TEMPLATE_TIMEOUT
         self.max_prompt_chars = 0  # set from the tokenizer once loaded
+        self.max_request_bytes = 0
 
     def initialize(self, context: Context) -> None:
         """Load the model and tokenizer and build the engine from model-config.yaml's limits."""
@@ -101,6 +107,9 @@ class TextGenerationHandler:
         self.engine = Engine(model, tokenizer, limits)
         self.template_timeout = _seconds(config, "chat_template_timeout", TEMPLATE_TIMEOUT)
         self.max_prompt_chars = _max_prompt_chars(config, tokenizer, limits.max_model_len)
+        # A body larger than this cannot hold a prompt that fits: the worker loop refuses it
+        # before parsing its JSON (`serve.worker.concurrent`).
+        self.max_request_bytes = MAX_ESCAPED_CHAR * self.max_prompt_chars + OTHER_FIELDS_BYTES
         self.continuous = bool(yaml_config.get("continuousBatching", False))
         context.cache = {}
         self.initialized = True

@@ -275,8 +275,16 @@ class EngineLoop:
             return None
         engine = self.streams.engine
         prepared = _Prepared(requests)
+        most = int(getattr(self.handler, "max_request_bytes", 0) or 0)
         for req in requests:
             try:
+                size = sum(len(raw) for _, _, raw in req.params)
+                if most and size > most:  # refused before its JSON is parsed
+                    raise PredictionException(
+                        f"the request has {size} bytes; no request this model can take has "
+                        f"more than {most} (its longest prompt, escaped, and the other fields)",
+                        400,
+                    )
                 request = self.handler.parse(decode_row(req, self._decode))
                 checked = engine.check(request)
             except PredictionException as exc:

@@ -100,30 +100,41 @@ def neighbour_gaps(run: Run, attack: list[dict[str, Any] | bytes]) -> tuple[list
     return run.gaps(neighbour), attackers
 
 
+def quiet_gaps(run: Run) -> list[float]:
+    """The neighbour's gaps alone, after one warm-up stream (the first forwards are slower)."""
+    neighbour_gaps(run, [])
+    return neighbour_gaps(run, [])[0]
+
+
+def report(name: str, quiet: list[float], attacked: list[float]) -> None:
+    print(
+        f"{name}: neighbour p50/p99 quiet {statistics.median(quiet) * 1e3:.1f}/"
+        f"{p99(quiet) * 1e3:.1f} ms, attacked {statistics.median(attacked) * 1e3:.1f}/"
+        f"{p99(attacked) * 1e3:.1f} ms"
+    )
+
+
 def test_a_thousand_stop_token_ids_do_not_slow_a_neighbour(service, loop) -> None:
     """Each token's stop check is a set lookup: requests with the most ids allowed (and
     ``min_tokens`` masking them all each step) cost the neighbour what plain ones do."""
     run = Run(loop)
-    quiet, _ = neighbour_gaps(run, [])
+    quiet_gaps(run)  # warm
     plain = {"prompt": "a model", "max_tokens": NEIGHBOUR_TOKENS, "ignore_eos": True, "seed": 1}
     control, _ = neighbour_gaps(run, [plain] * 3)
     vocab = service.handler.engine.vocab_size
     ids = [i % (vocab // 2) for i in range(MAX_STOP_TOKEN_IDS)]
     heavy = {**plain, "stop_token_ids": ids, "min_tokens": NEIGHBOUR_TOKENS - 1}
     attacked, seqs = neighbour_gaps(run, [heavy] * 3)
+    report("stop_token_ids (control: 3 plain requests beside)", control, attacked)
     assert all(isinstance(run.answers[s], ResultItem) for s in seqs)
     too_many = run.send({**plain, "stop_token_ids": [0] * (MAX_STOP_TOKEN_IDS + 1)})
     run.until(too_many)
     refused = run.answers[too_many]
     assert isinstance(refused, ErrorItem) and refused.code == 400
     assert "stop_token_ids" in refused.message
-    # Beside the same number of plain requests, within a generous factor; the p99 bar.
-    assert statistics.median(attacked) < 3 * statistics.median(control) + 0.005, (
-        statistics.median(quiet),
-        statistics.median(control),
-        statistics.median(attacked),
-    )
-    assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
+    # The bar of the issue, against the neighbour beside the same number of plain requests
+    # (medians swing from 1 to 100 ms with the machine's load: not compared).
+    assert p99(attacked) < p99(control) + P99_SLACK, (p99(control), p99(attacked))
 
 
 # Two nested loops of Jinja's largest range: 10**10 turns, hours of rendering.
@@ -189,7 +200,7 @@ def test_a_multi_megabyte_prompt_is_refused_before_tokenizing(service, loop, mon
 
     monkeypatch.setattr(engine.tokenizer, "encode", counted)
     run = Run(loop)
-    quiet, _ = neighbour_gaps(run, [])
+    quiet = quiet_gaps(run)
     big = {"prompt": "héllo wörld " * 700_000, "max_tokens": 4}  # 8.4 MB of UTF-8
     raw = json.dumps(big).encode()
     assert len(raw) > 8_000_000
@@ -199,9 +210,19 @@ def test_a_multi_megabyte_prompt_is_refused_before_tokenizing(service, loop, mon
     took = time.monotonic() - started
     refused = run.answers[first]
     assert isinstance(refused, ErrorItem) and refused.code == 400, refused
-    assert "characters" in refused.message and took < 5, took
-    assert max(seen, default=0) < service.handler.max_prompt_chars  # never tokenized
+    assert "no request this model can take has more than" in refused.message and took < 5, took
+    # A body within the byte bound whose prompt has too many characters: refused from its length.
+    bound = service.handler.max_prompt_chars
+    long = {"prompt": "x" * bound, "max_tokens": 4}
+    assert len(json.dumps(long)) < service.handler.max_request_bytes
+    second = run.send(long)
+    run.until(second)
+    refused = run.answers[second]
+    assert isinstance(refused, ErrorItem) and refused.code == 400, refused
+    assert f"the prompt has {bound} characters" in refused.message
+    assert max(seen, default=0) < bound  # neither was tokenized
     attacked, seqs = neighbour_gaps(run, [raw] * 6)
+    report("8 MB prompts", quiet, attacked)
     assert all(isinstance(run.answers[s], ErrorItem) for s in seqs)
     assert max(seen, default=0) < service.handler.max_prompt_chars
     assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
@@ -218,3 +239,21 @@ def test_a_prompt_just_under_the_bound_is_tokenized_and_refused_by_its_tokens(
     answer = run.answers[seq]
     assert isinstance(answer, ErrorItem) and answer.code == 400, answer
     assert f"this model takes at most {limit - 1}" in answer.message
+
+
+def test_a_neighbour_keeps_its_pace_while_a_template_runs_to_its_bound(
+    service, loop, monkeypatch
+) -> None:
+    monkeypatch.setattr(service.handler.engine.tokenizer, "chat_template", LOOPING_TEMPLATE)
+    monkeypatch.setattr(service.handler, "template_timeout", 3.0)
+    run = Run(loop)
+    quiet = quiet_gaps(run)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    chats = [run.send(chat) for _ in range(2)]  # both preparation threads busy
+    attacked: list[float] = []
+    while not set(chats) <= set(run.answers):  # neighbours one after another until they fail
+        gaps, _ = neighbour_gaps(run, [])
+        attacked += gaps
+    assert all(isinstance(run.answers[c], ErrorItem) for c in chats)
+    report("looping templates", quiet, attacked)
+    assert p99(attacked) < p99(quiet) + P99_SLACK, (p99(quiet), p99(attacked))
