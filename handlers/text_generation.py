@@ -26,7 +26,7 @@ from typing import Any
 
 from handlers import runtimes
 from handlers.context import Context
-from handlers.exceptions import HandlerLoadError, PredictionException
+from handlers.exceptions import HandlerLoadError, PredictionException, report_failure
 from handlers.generation.deadline import TimeLimitExceeded, time_limit
 from handlers.generation.engine import Engine, StepOutput
 from handlers.generation.loading import engine_limits, load_model
@@ -164,6 +164,20 @@ class TextGenerationHandler:
             return self._step(data, context)
         return self._run(data, context)
 
+    def _add(self, request_id: str, row: Any) -> GenerationRequest:
+        """Parse a row and add it to the engine; anything that fails (seeding included) is a
+        `PredictionException` for that row alone, never an error of the whole batch."""
+        assert self.engine is not None
+        try:
+            request = self.parse(row)
+            self.engine.add(request_id, request)
+        except PredictionException:
+            raise
+        except Exception as exc:
+            code, _, message = report_failure(exc, [request_id], logger)
+            raise PredictionException(message, code) from exc
+        return request
+
     # -- one call per step (TorchServe continuous batching) ------------------------------------
 
     def _step(self, data: list, context: Context) -> list:
@@ -179,7 +193,7 @@ class TextGenerationHandler:
             if request_id in cache:
                 continue
             try:
-                engine.add(request_id, self.parse(row))
+                self._add(request_id, row)
                 cache[request_id] = {"finished": False}
             except PredictionException as exc:
                 context.set_response_status(exc.error_code, exc.message, idx=i)
@@ -232,8 +246,7 @@ class TextGenerationHandler:
         index = {request_id: i for i, request_id in enumerate(ids)}
         for i, (request_id, row) in enumerate(zip(ids, data, strict=True)):
             try:
-                request = self.parse(row)
-                engine.add(request_id, request)
+                request = self._add(request_id, row)
             except PredictionException as exc:
                 context.set_response_status(exc.error_code, exc.message, idx=i)
                 results[i] = {
