@@ -391,26 +391,39 @@ class EngineLoop:
                 self._answer(engine_id, ErrorItem(code, kind, message, request_id))
             return
         for event in events:
-            owner = self._owner.get(event.request_id)
-            if owner is None:
-                continue
-            batch = self._batches[owner[0]]
-            if batch.first_token is None:
-                batch.first_token = time.perf_counter()
-            if event.part is not None:
-                if len(batch.requests) == 1:  # parts align with the batch's one request
-                    self._send_part(batch.seq, event.part)
-                continue
-            batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
-            batch.completion_tokens += event.usage.get("completion_tokens", 0)
-            request_id = batch.requests[owner[1]].request_id
-            if event.error is not None:
-                answer: ResultItem | ErrorItem = _error(event.error, request_id)
-                if event.error.error_code == CANCELLED_STATUS:
-                    answer = _cancelled(request_id)
-            else:
-                answer = _result(event.result)
-            self._answer(event.request_id, answer)
+            try:
+                self._deliver(event)
+            except Exception as exc:  # e.g. an answer that cannot be encoded: this request fails
+                owner = self._owner.get(event.request_id)
+                if owner is None:
+                    continue
+                request_id = self._batches[owner[0]].requests[owner[1]].request_id
+                code, kind, message = report_failure(exc, [request_id], logger)
+                self.streams.cancel(event.request_id)
+                self._answer(event.request_id, ErrorItem(code, kind, message, request_id))
+
+    def _deliver(self, event: Any) -> None:
+        """One request's event of a step: its part out, or its answer."""
+        owner = self._owner.get(event.request_id)
+        if owner is None:
+            return
+        batch = self._batches[owner[0]]
+        if batch.first_token is None:
+            batch.first_token = time.perf_counter()
+        if event.part is not None:
+            if len(batch.requests) == 1:  # parts align with the batch's one request
+                self._send_part(batch.seq, event.part)
+            return
+        batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
+        batch.completion_tokens += event.usage.get("completion_tokens", 0)
+        request_id = batch.requests[owner[1]].request_id
+        if event.error is not None:
+            answer: ResultItem | ErrorItem = _error(event.error, request_id)
+            if event.error.error_code == CANCELLED_STATUS:
+                answer = _cancelled(request_id)
+        else:
+            answer = _result(event.result)
+        self._answer(event.request_id, answer)
 
     def _send_part(self, seq: int, part: dict[str, Any]) -> None:
         from handlers.output import encode_output

@@ -213,7 +213,7 @@ class _PoisonedDecoder:
         return ""
 
 
-@pytest.mark.parametrize("where", ["seeding", "sampling", "detokenizing", "logprobs"])
+@pytest.mark.parametrize("where", ["seeding", "sampling", "detokenizing", "logprobs", "answering"])
 def test_a_fault_in_the_engines_own_work_fails_that_request_alone(
     service, running, monkeypatch, where
 ):
@@ -249,7 +249,20 @@ def test_a_fault_in_the_engines_own_work_fails_that_request_alone(
         return decode(ids, **kwargs)
 
     monkeypatch.setattr(engine.tokenizer, "decode", poisoned_decode)
+    from serve.worker.concurrent import EngineLoop
+
+    send_part = EngineLoop._send_part
+    poisoned_seq = _Seqs.next + 2  # after the neighbour's
+
+    def poisoned_send_part(self: EngineLoop, seq: int, part: dict[str, Any]) -> None:
+        if where == "answering" and seq == poisoned_seq:
+            raise TypeError("injected: a part that cannot be encoded")
+        send_part(self, seq, part)
+
+    monkeypatch.setattr(EngineLoop, "_send_part", poisoned_send_part)
     poisoned = {"prompt": "a model", "seed": POISON, "temperature": 1, "max_tokens": 6}
+    if where == "answering":
+        poisoned["stream"] = True
     if where == "logprobs":
         poisoned["logprobs"] = 2
     neighbour, seqs = _send(conn, [poisoned])
