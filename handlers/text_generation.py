@@ -26,7 +26,8 @@ from typing import Any
 
 from handlers import runtimes
 from handlers.context import Context
-from handlers.exceptions import PredictionException
+from handlers.exceptions import HandlerLoadError, PredictionException, report_failure
+from handlers.generation.deadline import TimeLimitExceeded, time_limit
 from handlers.generation.engine import Engine, StepOutput
 from handlers.generation.loading import cuda_graphs, engine_limits, load_model
 from handlers.generation.params import GenerationRequest, parse_request
@@ -36,6 +37,42 @@ from handlers.generation.streams import usage as _usage
 from handlers.streaming import send_intermediate_predict_response
 
 logger = logging.getLogger(__name__)
+
+# Seconds a chat template may take to render (``handler.chat_template_timeout``).
+TEMPLATE_TIMEOUT = 5.0
+# The most bytes one prompt character takes in a JSON body (a character outside the BMP written
+# as two ``\uXXXX`` escapes), and room for every other field (chat messages' roles and
+# separators, 16 stop strings of 256 characters, 1,024 stop token ids, ...).
+MAX_ESCAPED_CHAR = 12
+OTHER_FIELDS_BYTES = 1 << 20
+
+
+def _max_prompt_chars(config: dict, tokenizer: Any, max_model_len: int) -> int:
+    """The fewest prompt characters that cannot fit in ``max_model_len`` tokens, whatever they
+    are: ``max_model_len`` x the most UTF-8 bytes one vocabulary entry spells. A character is at
+    least a byte and a token covers at most that many, so a prompt this long has at least
+    ``max_model_len`` tokens and is refused without tokenizing it (a 6 MB prompt took 5.6 s and
+    ~900 MB of the worker's memory to tokenize before its 400). The entries over-count (a
+    byte-level ``Ġ`` is two bytes for one); a tokenizer that folds a long run of text into one
+    token (an unknown token fused over a whole word, a normalizer that deletes text) could fit
+    a longer prompt: ``handler.max_prompt_chars`` sets the bound then."""
+    value = config.get("max_prompt_chars")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HandlerLoadError(
+                "text_generation: handler.max_prompt_chars must be an integer > 0"
+            )
+        return value
+    vocab = tokenizer.get_vocab()
+    widest = max((len(token.encode("utf-8", "surrogatepass")) for token in vocab), default=1)
+    return max_model_len * max(widest, 1)
+
+
+def _seconds(config: dict, name: str, default: float) -> float:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise HandlerLoadError(f"text_generation: handler.{name} must be a number of seconds > 0")
+    return float(value)
 
 
 def _payload(row: Any) -> Any:
@@ -53,6 +90,9 @@ class TextGenerationHandler:
         self.context: Context | None = None
         self.continuous = False
         self.initialized = False
+        self.template_timeout = TEMPLATE_TIMEOUT
+        self.max_prompt_chars = 0  # set from the tokenizer once loaded
+        self.max_request_bytes = 0
 
     def initialize(self, context: Context) -> None:
         """Load the model and tokenizer and build the engine from model-config.yaml's limits."""
@@ -65,15 +105,29 @@ class TextGenerationHandler:
         model, tokenizer = load_model(properties["model_dir"], config, device)
         limits = engine_limits(config, model, properties.get("batch_size"))
         self.engine = Engine(model, tokenizer, limits, cuda_graphs=cuda_graphs(config))
+        self.template_timeout = _seconds(config, "chat_template_timeout", TEMPLATE_TIMEOUT)
+        self.max_prompt_chars = _max_prompt_chars(config, tokenizer, limits.max_model_len)
+        # A body larger than this cannot hold a prompt that fits: the worker loop refuses it
+        # before parsing its JSON (`serve.worker.concurrent`).
+        self.max_request_bytes = MAX_ESCAPED_CHAR * self.max_prompt_chars + OTHER_FIELDS_BYTES
         self.continuous = bool(yaml_config.get("continuousBatching", False))
         context.cache = {}
         self.initialized = True
         logger.info("text_generation: %s loaded, limits %s", context.model_name, limits.as_dict())
 
     def parse(self, row: Any) -> GenerationRequest:
+        """A request from its row; a prompt too long to fit whatever its tokens is refused here,
+        before anything tokenizes it (`_max_prompt_chars`)."""
         assert self.engine is not None
         limit = self.engine.limits().max_model_len
-        return parse_request(_payload(row), limit, self.engine.vocab_size, self._chat_prompt)
+        request = parse_request(_payload(row), limit, self.engine.vocab_size, self._chat_prompt)
+        if self.max_prompt_chars and len(request.prompt) >= self.max_prompt_chars:
+            raise PredictionException(
+                f"the prompt has {len(request.prompt)} characters; this model takes at most "
+                f"{limit - 1} tokens, which spell fewer than {self.max_prompt_chars} characters",
+                400,
+            )
+        return request
 
     def _chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """Chat messages as the prompt, by the tokenizer's chat template."""
@@ -82,9 +136,13 @@ class TextGenerationHandler:
         if not getattr(tokenizer, "chat_template", None):
             raise PredictionException("this model's tokenizer has no chat template", 400)
         try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            with time_limit(self.template_timeout, "the chat template"):
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+        except TimeLimitExceeded as exc:  # a template that loops (near) forever
+            message = f"{exc} (handler.chat_template_timeout); the request is refused"
+            raise PredictionException(message, 500) from None
         except Exception as exc:  # a template that raises on these messages
             raise PredictionException(f"the chat template failed: {exc}", 400) from None
         return str(text)
@@ -106,6 +164,20 @@ class TextGenerationHandler:
             return self._step(data, context)
         return self._run(data, context)
 
+    def _add(self, request_id: str, row: Any) -> GenerationRequest:
+        """Parse a row and add it to the engine; anything that fails (seeding included) is a
+        `PredictionException` for that row alone, never an error of the whole batch."""
+        assert self.engine is not None
+        try:
+            request = self.parse(row)
+            self.engine.add(request_id, request)
+        except PredictionException:
+            raise
+        except Exception as exc:
+            code, _, message = report_failure(exc, [request_id], logger)
+            raise PredictionException(message, code) from exc
+        return request
+
     # -- one call per step (TorchServe continuous batching) ------------------------------------
 
     def _step(self, data: list, context: Context) -> list:
@@ -121,7 +193,7 @@ class TextGenerationHandler:
             if request_id in cache:
                 continue
             try:
-                engine.add(request_id, self.parse(row))
+                self._add(request_id, row)
                 cache[request_id] = {"finished": False}
             except PredictionException as exc:
                 context.set_response_status(exc.error_code, exc.message, idx=i)
@@ -174,8 +246,7 @@ class TextGenerationHandler:
         index = {request_id: i for i, request_id in enumerate(ids)}
         for i, (request_id, row) in enumerate(zip(ids, data, strict=True)):
             try:
-                request = self.parse(row)
-                engine.add(request_id, request)
+                request = self._add(request_id, row)
             except PredictionException as exc:
                 context.set_response_status(exc.error_code, exc.message, idx=i)
                 results[i] = {

@@ -95,6 +95,9 @@ class Config:
     # memory arena of worker_shm_arena_mb MiB per worker (serve/wire/shm.py); 0 MiB: always inline.
     worker_shm_arena_mb: int = 128
     worker_shm_threshold_kb: int = 64
+    # A worker that keeps many requests in flight (a generative engine, asyncCommunication) and
+    # answers no liveness ping for this many seconds is killed and restarted; 0: not checked.
+    worker_liveness_timeout: float = 20.0
     max_retry_timeout_in_sec: float = 300.0
     work_dir: str | None = None  # extraction and sockets; a private temp dir when unset
     # Faults and limits (docs/faults.md).
@@ -200,6 +203,8 @@ class Config:
             raise ConfigError("Config 'worker_shm_arena_mb' must be 0 or more")
         if self.worker_shm_threshold_kb < 1:
             raise ConfigError("Config 'worker_shm_threshold_kb' must be 1 or more")
+        if self.worker_liveness_timeout < 0:
+            raise ConfigError("Config 'worker_liveness_timeout' must be 0 or more")
         if (
             self.enable_grpc
             and self.enable_grpc_ssl

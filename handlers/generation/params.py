@@ -22,6 +22,13 @@ from handlers.exceptions import PredictionException
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256  # characters of one stop string (the matcher holds back up to this much)
+MAX_STOP_TOKEN_IDS = 1024  # ids in ``stop_token_ids`` (each token's check is a set lookup)
+# A seed seeds ``torch.Generator``, which takes an unsigned 64-bit integer.
+MAX_SEED = 2**64 - 1
+# A temperature below this samples as greedy (vLLM's rule): dividing logits by a denormal such as
+# 1e-45 makes them infinite, and nothing is left to sample from.
+GREEDY_BELOW = 1e-5
 # Fields of a request body that are not sampling parameters but are allowed beside them.
 REQUEST_FIELDS = frozenset({"prompt", "messages", "stream", "model"})
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
@@ -39,7 +46,7 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()  # a set: each token's check is one lookup
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -73,12 +80,20 @@ def _bad(message: str) -> PredictionException:
     return PredictionException(message, 400)
 
 
+def _shown(value: int | float) -> str:
+    """A number for an error message, short whatever its size (an int's repr may be refused)."""
+    if isinstance(value, int) and abs(value) >= 10**15:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _number(body: dict, name: str, low: float, high: float, default: float) -> float:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or not low <= value <= high:
-        raise _bad(f"{name} must be between {low} and {high}, got {value}")
+    # Compared before any float(): an integer too big for a float raises OverflowError there.
+    if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+        raise _bad(f"{name} must be between {low} and {high}, got {_shown(value)}")
     return float(value)
 
 
@@ -88,7 +103,20 @@ def _integer(body: dict, name: str, low: int, high: int | None, default: int) ->
         raise _bad(f"{name} must be an integer, got {type(value).__name__}")
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise _bad(f"{name} must be {bound}, got {value}")
+        raise _bad(f"{name} must be {bound}, got {_shown(value)}")
+    return value
+
+
+def _temperature(body: dict) -> float:
+    value = _number(body, "temperature", 0.0, 100.0, 1.0)
+    return 0.0 if value < GREEDY_BELOW else value
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise _bad(f"seed must be an integer between 0 and {MAX_SEED} (2**64 - 1)")
     return value
 
 
@@ -96,21 +124,25 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
+    if isinstance(stops, list) and len(stops) > MAX_STOP_STRINGS:
+        raise _bad(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise _bad("stop must be a non-empty string or a list of non-empty strings")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise _bad(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+    if any(len(s) > MAX_STOP_LENGTH for s in stops):
+        raise _bad(f"a stop string may have at most {MAX_STOP_LENGTH} characters")
     return tuple(stops)
 
 
-def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
+def _token_ids(value: Any, vocab_size: int) -> frozenset[int]:
     if value is None:
-        return ()
+        return frozenset()
+    if isinstance(value, list) and len(value) > MAX_STOP_TOKEN_IDS:
+        raise _bad(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(value)}")
     if not isinstance(value, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in value
     ):
         raise _bad(f"stop_token_ids must be a list of token ids in [0, {vocab_size})")
-    return tuple(value)
+    return frozenset(value)
 
 
 def _logprobs(value: Any) -> int | None:
@@ -118,7 +150,7 @@ def _logprobs(value: Any) -> int | None:
         return None
     if value is True:
         return 0
-    if isinstance(value, int) and 0 <= value <= MAX_LOGPROBS:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS:
         return value
     raise _bad(f"logprobs must be a boolean or an integer between 0 and {MAX_LOGPROBS}")
 
@@ -139,15 +171,12 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int) -> Sampling
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos must be a boolean")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise _bad("seed must be a non-negative integer")
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 100.0, 1.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1e-6, 1.0, 1.0),
         top_k=_integer(body, "top_k", 0, vocab_size, 0),
-        seed=seed,
+        seed=_seed(body.get("seed")),
         stop=_stop_strings(body.get("stop")),
         stop_token_ids=_token_ids(body.get("stop_token_ids"), vocab_size),
         repetition_penalty=_number(body, "repetition_penalty", 1e-2, 100.0, 1.0),
@@ -193,6 +222,8 @@ def parse_request(
     if isinstance(payload, str) and payload.lstrip().startswith("{"):
         try:  # a JSON body that arrived undecoded (no JSON content type)
             payload = json.loads(payload)
+        except RecursionError:
+            raise _bad("the JSON body is nested too deeply") from None
         except ValueError as exc:
             raise _bad(f"the request body starts like JSON but is not: {exc}") from None
     if isinstance(payload, str):

@@ -89,6 +89,8 @@ class Sampler:
         if banned := self.banned():
             logits = logits.clone() if logits is raw else logits
             logits[list(banned)] = float("-inf")
+            if not bool(torch.isfinite(logits).any()):
+                raise PredictionException(BANNED_ALL, 400)
         token = int(torch.argmax(logits)) if self._generator is None else self._sample(logits)
         self.record(token)
         return token, self._logprobs(raw, token)

@@ -8,12 +8,15 @@ the last part, so its parts concatenate to the whole text, as in the handler's b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.exceptions import PredictionException
+from handlers.exceptions import PredictionException, report_failure
 from handlers.generation.engine import FINISH_CANCELLED, Engine, StepOutput
 from handlers.generation.params import GenerationRequest
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,17 +109,28 @@ class RequestStreams:
             state = self._open.get(out.request_id)
             if state is None:  # added to the engine by someone else
                 continue
-            state.texts.append(out.text)
-            state.tokens.extend(out.token_ids)
-            rows = logprobs_rows(out, self.engine.tokenizer)
-            state.logprobs.extend(rows or [])
-            if not out.finished:
-                if state.stream and (out.text or out.token_ids):
-                    events.append(Event(out.request_id, part=self._part(out, rows)))
-                continue
-            del self._open[out.request_id]
-            events.append(self._final(out, state, rows))
+            try:
+                event = self._event(out, state)
+            except Exception as exc:  # e.g. a tokenizer that cannot decode: this request fails
+                code, _, message = report_failure(exc, [out.request_id], logger)
+                self.engine.cancel(out.request_id)  # its cancelled output, if any, is ignored
+                event = Event(out.request_id, error=PredictionException(message, code))
+            if event is not None and event.finished:
+                del self._open[out.request_id]
+            if event is not None:
+                events.append(event)
         return events
+
+    def _event(self, out: StepOutput, state: _Open) -> Event | None:
+        state.texts.append(out.text)
+        state.tokens.extend(out.token_ids)
+        rows = logprobs_rows(out, self.engine.tokenizer)
+        state.logprobs.extend(rows or [])
+        if not out.finished:
+            if state.stream and (out.text or out.token_ids):
+                return Event(out.request_id, part=self._part(out, rows))
+            return None
+        return self._final(out, state, rows)
 
     @staticmethod
     def _part(out: StepOutput, rows: list[dict] | None) -> dict[str, Any]:

@@ -78,6 +78,7 @@ def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
         use_spare=model.loads_torch(),
         arena_bytes=config.worker_shm_arena_mb << 20,
         arena_threshold=config.worker_shm_threshold_kb << 10,
+        liveness_timeout=config.worker_liveness_timeout,
     )
     # An engine's exact reservations free KV budget that slot placement counted at the worst.
     worker.on_reservations = lambda: model.dispatcher.schedule()

@@ -46,6 +46,10 @@ class MsgType(enum.IntEnum):
     THREADS = 10  # frontend → worker: {"threads": n}, its new intra-op share (core/threads.py)
     CANCEL = 11  # frontend → worker: stop the batch ``seq`` (client gone, deadline passed)
     ENGINE = 12  # worker → frontend: its engine's live counts and new requests' reservations
+    # Liveness of a worker that keeps many requests in flight (serve/worker/concurrent.py): the
+    # thread that reads its frames answers each PING with a PONG of the same seq at once.
+    PING = 13  # frontend → worker
+    PONG = 14  # worker → frontend
 
 
 class ProtocolError(Exception):

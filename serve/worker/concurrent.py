@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +55,9 @@ CANCELLED_STATUS = 499  # the client closed the request (nginx's code); it never
 # While only the cache grows (every decode step), the engine's counts go out at most this often;
 # a change in its sequences or reservations goes out after the step that made it.
 REPORT_INTERVAL = 0.5
+# Threads that parse, render (chat templates) and tokenize arriving requests: two, so that one
+# request whose template runs to its time bound does not hold every other one back.
+PREPARE_THREADS = 2
 
 
 class Connection(Protocol):
@@ -62,10 +66,28 @@ class Connection(Protocol):
     def receive(self) -> Frame | None: ...
 
 
+class LockedConnection:
+    """A connection whose sends may come from several threads (the loop, the frame reader's
+    PONGs, the preparation threads' reservations): one write at a time."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, *frames: Frame) -> None:
+        with self._lock:
+            self._conn.send(*frames)
+
+    def receive(self) -> Frame | None:
+        return self._conn.receive()
+
+
 class Inbox:
     """Frames read on a thread of their own, so the loop can step while none arrive.
 
-    ``None`` in the queue is the end of the stream (the frontend closed the socket)."""
+    The reader runs nothing a request controls: it answers PING at once (the frontend's liveness
+    check: a reader that stops is noticed) and hands every other frame to ``on_frame``. ``None``
+    is the end of the stream (the frontend closed the socket)."""
 
     def __init__(self, conn: Connection, on_frame: Callable[[Frame | None], None]) -> None:
         self._conn = conn
@@ -78,6 +100,9 @@ class Inbox:
     def _read(self) -> None:
         try:
             while (frame := self._conn.receive()) is not None:
+                if frame.type == MsgType.PING:
+                    self._conn.send(Frame(MsgType.PONG, frame.seq))
+                    continue
                 self._on_frame(frame)
         except Exception:  # a broken stream ends the worker as a closed one does
             logger.exception("Reading from the frontend failed")
@@ -170,21 +195,25 @@ class EngineLoop:
         self._owner: dict[str, tuple[int, int]] = {}  # engine id -> (seq, item index)
         self._reported: dict[str, int] = {}  # the counts last sent
         self._reported_at = 0.0
-        self._send_lock = threading.Lock()  # the reader thread sends reservations too
         self._outbox: list[Frame] = []
+        # PREDICTs are parsed, rendered and tokenized here, never on the reader or the loop.
+        self._preparers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="prepare")
+        self._unprepared: set[int] = set()  # seqs read and not yet taken by the loop
+        self._cancelled_early: set[int] = set()  # of those, the ones cancelled meanwhile
 
     @property
     def limits(self) -> dict[str, int]:
         return {"slots": self.slots, **self.streams.engine.limits().as_dict()}
 
     def run(self, conn: Connection, decode: bool, on_threads: Callable[[int], None]) -> int:
-        self._conn = conn
+        self._conn = LockedConnection(conn)
         self._decode = decode
-        Inbox(conn, self._read).start()
+        Inbox(self._conn, self._read).start()
         while True:
             for taken in self._take(block=not self.streams.has_work()):
                 if taken is None or taken[0].type == MsgType.SHUTDOWN:
                     self._flush()
+                    self._preparers.shutdown(wait=False, cancel_futures=True)
                     return 0
                 frame, prepared = taken
                 if frame.type == MsgType.THREADS:
@@ -199,8 +228,7 @@ class EngineLoop:
             self._flush()
 
     def _send(self, *frames: Frame) -> None:
-        with self._send_lock:
-            self._conn.send(*frames)
+        self._conn.send(*frames)
 
     def _post(self, frame: Frame) -> None:
         """Queue a frame for the end of this turn of the loop (`_flush`): a step's parts and
@@ -213,34 +241,58 @@ class EngineLoop:
             self._send(*frames)
 
     def _read(self, frame: Frame | None) -> None:
-        """On the reader thread: a PREDICT is parsed and tokenized here, and its reservation
-        reported at once, even while the loop runs a step, so that the frontend's KV budget
-        counts it exactly within a round trip, not a step."""
-        prepared = None
+        """On the reader thread: a PREDICT goes to a preparation thread, every other frame to
+        the loop. The reader itself runs nothing a request controls, so it keeps reading
+        CANCEL, SHUTDOWN and PING whatever a chat template or a tokenizer does."""
         if frame is not None and frame.type == MsgType.PREDICT:
+            self._unprepared.add(frame.seq)
             try:
-                prepared = self._prepare(frame)
-            except Exception:  # e.g. a malformed frame: the loop meets it again and says so
-                logger.debug("Preparing batch %d failed; the loop takes it as it is", frame.seq)
-            if prepared is not None and prepared.reserved:
-                report = EngineReport({}, {frame.seq: prepared.reserved})
-                self._send(encode_engine_report(report))
-        self._inbox.put(None if frame is None else (frame, prepared))
+                self._preparers.submit(self._prepare_for_loop, frame)
+                return
+            except RuntimeError:  # shutting down: the loop has returned or soon will
+                pass
+        self._inbox.put(None if frame is None else (frame, None))
+
+    def _prepare_for_loop(self, frame: Frame) -> None:
+        """On a preparation thread: parse, render and tokenize a PREDICT's requests, report its
+        reservation at once (even while the loop runs a step, so that the frontend's KV budget
+        counts it exactly within a round trip, not a step), then hand it to the loop."""
+        prepared = None
+        try:
+            prepared = self._prepare(frame)
+        except Exception:  # e.g. a malformed frame: the loop meets it again and says so
+            logger.debug("Preparing batch %d failed; the loop takes it as it is", frame.seq)
+        if prepared is not None and prepared.reserved:
+            report = EngineReport({}, {frame.seq: prepared.reserved})
+            self._send(encode_engine_report(report))
+        self._inbox.put((frame, prepared))
 
     def _prepare(self, frame: Frame) -> _Prepared | None:
-        from handlers.exceptions import PredictionException
+        from handlers.exceptions import PredictionException, report_failure
 
         requests = decode_predict(frame)
         if any(req.headers.get("describe") for req in requests):
             return None
         engine = self.streams.engine
         prepared = _Prepared(requests)
+        most = int(getattr(self.handler, "max_request_bytes", 0) or 0)
         for req in requests:
             try:
+                size = sum(len(raw) for _, _, raw in req.params)
+                if most and size > most:  # refused before its JSON is parsed
+                    raise PredictionException(
+                        f"the request has {size} bytes; no request this model can take has "
+                        f"more than {most} (its longest prompt, escaped, and the other fields)",
+                        400,
+                    )
                 request = self.handler.parse(decode_row(req, self._decode))
                 checked = engine.check(request)
             except PredictionException as exc:
                 prepared.items.append(exc)
+                continue
+            except Exception as exc:  # a parser or tokenizer bug fails this request alone
+                code, _, message = report_failure(exc, [req.request_id], logger)
+                prepared.items.append(PredictionException(message, code))
                 continue
             prepared.items.append((request, checked))
             prepared.reserved += checked[1]
@@ -275,9 +327,15 @@ class EngineLoop:
         return frames
 
     def _arrive(self, frame: Frame, decode: bool, prepared: _Prepared | None) -> None:
-        from handlers.exceptions import PredictionException
+        from handlers.exceptions import PredictionException, report_failure
 
+        self._unprepared.discard(frame.seq)
         requests = prepared.requests if prepared is not None else decode_predict(frame)
+        if frame.seq in self._cancelled_early:  # cancelled while it was being prepared
+            self._cancelled_early.discard(frame.seq)
+            answers = [_cancelled(req.request_id) for req in requests]
+            self._post(encode_result(frame.seq, BatchResult(list(answers))))
+            return
         if prepared is None and any(req.headers.get("describe") for req in requests):
             from serve.worker.main import client_errors, run_items  # the handler answers
 
@@ -303,12 +361,18 @@ class EngineLoop:
             except PredictionException as exc:
                 batch.answers[index] = _error(exc, req.request_id)
                 continue
+            except Exception as exc:  # e.g. seeding: this request fails, never the worker
+                code, kind, message = report_failure(exc, [req.request_id], logger)
+                batch.answers[index] = ErrorItem(code, kind, message, req.request_id)
+                continue
             self._owner[engine_id] = (frame.seq, index)
         self._maybe_done(batch)
 
     def _cancel(self, seq: int) -> None:
         batch = self._batches.get(seq)
         if batch is None:
+            if seq in self._unprepared:  # still being prepared: answered once it is
+                self._cancelled_early.add(seq)
             return
         for index in range(len(batch.requests)):
             self.streams.cancel(f"{seq}/{index}")
@@ -327,26 +391,39 @@ class EngineLoop:
                 self._answer(engine_id, ErrorItem(code, kind, message, request_id))
             return
         for event in events:
-            owner = self._owner.get(event.request_id)
-            if owner is None:
-                continue
-            batch = self._batches[owner[0]]
-            if batch.first_token is None:
-                batch.first_token = time.perf_counter()
-            if event.part is not None:
-                if len(batch.requests) == 1:  # parts align with the batch's one request
-                    self._send_part(batch.seq, event.part)
-                continue
-            batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
-            batch.completion_tokens += event.usage.get("completion_tokens", 0)
-            request_id = batch.requests[owner[1]].request_id
-            if event.error is not None:
-                answer: ResultItem | ErrorItem = _error(event.error, request_id)
-                if event.error.error_code == CANCELLED_STATUS:
-                    answer = _cancelled(request_id)
-            else:
-                answer = _result(event.result)
-            self._answer(event.request_id, answer)
+            try:
+                self._deliver(event)
+            except Exception as exc:  # e.g. an answer that cannot be encoded: this request fails
+                owner = self._owner.get(event.request_id)
+                if owner is None:
+                    continue
+                request_id = self._batches[owner[0]].requests[owner[1]].request_id
+                code, kind, message = report_failure(exc, [request_id], logger)
+                self.streams.cancel(event.request_id)
+                self._answer(event.request_id, ErrorItem(code, kind, message, request_id))
+
+    def _deliver(self, event: Any) -> None:
+        """One request's event of a step: its part out, or its answer."""
+        owner = self._owner.get(event.request_id)
+        if owner is None:
+            return
+        batch = self._batches[owner[0]]
+        if batch.first_token is None:
+            batch.first_token = time.perf_counter()
+        if event.part is not None:
+            if len(batch.requests) == 1:  # parts align with the batch's one request
+                self._send_part(batch.seq, event.part)
+            return
+        batch.prompt_tokens += event.usage.get("prompt_tokens", 0)
+        batch.completion_tokens += event.usage.get("completion_tokens", 0)
+        request_id = batch.requests[owner[1]].request_id
+        if event.error is not None:
+            answer: ResultItem | ErrorItem = _error(event.error, request_id)
+            if event.error.error_code == CANCELLED_STATUS:
+                answer = _cancelled(request_id)
+        else:
+            answer = _result(event.result)
+        self._answer(event.request_id, answer)
 
     def _send_part(self, seq: int, part: dict[str, Any]) -> None:
         from handlers.output import encode_output
@@ -423,6 +500,7 @@ class AsyncLoop:
         def arrive(frame: Frame | None) -> None:
             loop.call_soon_threadsafe(frames.put_nowait, frame)
 
+        conn = LockedConnection(conn)  # the reader thread answers PINGs on it too
         Inbox(conn, arrive).start()
         while True:
             frame = await frames.get()

@@ -67,6 +67,7 @@ class WorkerProcess:
         use_spare: bool = True,
         arena_bytes: int = 0,
         arena_threshold: int = 1 << 16,
+        liveness_timeout: float = 0.0,
     ) -> None:
         self.worker_id = worker_id
         self.spares = spares
@@ -105,6 +106,10 @@ class WorkerProcess:
         self.arena_bytes = arena_bytes
         self.arena_threshold = max(1, arena_threshold)
         self.arena: Arena | None = None
+        # A worker that keeps many requests in flight reads frames on a thread of its own that
+        # answers PING at once; one silent this long (seconds; 0: not checked) is replaced.
+        self.liveness_timeout = liveness_timeout
+        self._last_pong = time.monotonic()
 
     @property
     def state(self) -> WorkerState:
@@ -182,6 +187,8 @@ class WorkerProcess:
             self.gpu_memory = loaded.gpu_memory
             self.limits = loaded.limits
             self._tasks.append(asyncio.create_task(self._read_results(reader, decoder)))
+            if self.liveness_timeout > 0 and self.limits.get("slots"):
+                self._tasks.append(asyncio.create_task(self._watch_liveness()))
             self.change_state(WorkerState.READY)
         except BaseException:
             self.kill()
@@ -254,6 +261,9 @@ class WorkerProcess:
                     if frame.type == MsgType.ENGINE:
                         self._engine_report(frame)
                         continue
+                    if frame.type == MsgType.PONG:
+                        self._last_pong = time.monotonic()
+                        continue
                     self._partials.pop(frame.seq, None)
                     self._reserved.pop(frame.seq, None)
                     if self.arena is not None:  # the final RESULT: the worker is done with it
@@ -270,6 +280,36 @@ class WorkerProcess:
         self.kill()
         if self._writer is not None:  # our end of the socket, now, not when collected
             self._writer.close()
+
+    async def _watch_liveness(self) -> None:
+        """PING the worker every tenth of `liveness_timeout`; kill it when no PONG came for
+        that long (its frame reader is stuck: it would never read a request or a cancel again).
+        Its death takes the usual path: in-flight jobs fail, the pool restarts it."""
+        interval = self.liveness_timeout / 10
+        self._last_pong = time.monotonic()
+        seq = 0
+        while self.state not in (WorkerState.DEAD, WorkerState.STOPPING):
+            silent = time.monotonic() - self._last_pong
+            if silent > self.liveness_timeout:
+                logging.getLogger("serve.liveness").error(  # lantern.log, not the model's
+                    "Worker %s (pid %s) answered no liveness ping for %.1f s "
+                    "(worker_liveness_timeout); killing it",
+                    self.worker_id,
+                    self.pid,
+                    silent,
+                )
+                self.change_state(WorkerState.DEAD)
+                self.kill()
+                return
+            seq += 1
+            if self._writer is not None:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    self._writer.writelines(encode(Frame(MsgType.PING, seq)))
+            slept = time.monotonic()
+            await asyncio.sleep(interval)
+            if time.monotonic() - slept > 2 * interval:
+                # This event loop was held (not the worker): PONGs may wait unread. Count anew.
+                self._last_pong = time.monotonic()
 
     def _engine_report(self, frame: Frame) -> None:
         report = decode_engine_report(frame)

@@ -256,7 +256,8 @@ def test_stop_token_ids_min_tokens_and_eos(model, tokenizer, caplog):
     engine.add(
         "stop",
         GenerationRequest(
-            PROMPTS[0], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=(stop_id,))
+            PROMPTS[0],
+            SamplingParams(max_tokens=24, temperature=0, stop_token_ids=frozenset({stop_id})),
         ),
     )
     engine.add(
@@ -264,7 +265,10 @@ def test_stop_token_ids_min_tokens_and_eos(model, tokenizer, caplog):
         GenerationRequest(
             PROMPTS[0],
             SamplingParams(
-                max_tokens=24, temperature=0, stop_token_ids=(stop_id,), min_tokens=first + 2
+                max_tokens=24,
+                temperature=0,
+                stop_token_ids=frozenset({stop_id}),
+                min_tokens=first + 2,
             ),
         ),
     )

@@ -235,3 +235,26 @@ def test_engine_limits_come_from_the_handler_section(service):
         engine_limits({"prefill_chunk_tokens": 0}, model, 1)
     with pytest.raises(HandlerLoadError, match="prefix_cache_tokens must be an integer of"):
         engine_limits({"prefix_cache_tokens": -1}, model, 1)
+
+
+def test_a_row_whose_adding_raises_fails_alone(service, monkeypatch):
+    """Anything that raises while a row is added (here the engine, as seeding once did) fails
+    that row with a 500 naming the error, never the whole batch."""
+    engine = service.handler.engine
+    add = engine.add
+
+    def add_or_raise(request_id, request, checked=None):
+        if request.params.seed == 99:
+            raise ValueError("Overflow when unpacking long long")
+        return add(request_id, request, checked)
+
+    monkeypatch.setattr(engine, "add", add_or_raise)
+    rows = [
+        {"body": {"prompt": "the fox", "seed": 99}},
+        {"body": {"prompt": "the fox", "max_tokens": 3, "temperature": 0}},
+    ]
+    context = batch_context(service, len(rows))
+    out = service.predict(rows, context)
+    assert [context.get_response_status(i)[0] for i in range(2)] == [500, 200]
+    assert "ValueError: Overflow" in out[0]["message"]
+    assert out[1]["usage"]["completion_tokens"] <= 3

@@ -45,7 +45,7 @@ def test_all_fields():
     assert request.stream
     p = request.params
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (7, 0.5, 0.9, 5, 3)
-    assert p.stop == ("a", "bc") and p.stop_token_ids == (1, 2)
+    assert p.stop == ("a", "bc") and p.stop_token_ids == frozenset({1, 2})
     assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.2, 0.5, -0.5)
     assert (p.min_tokens, p.ignore_eos, p.logprobs) == (2, True, 3)
     assert not p.greedy and p.penalised
@@ -81,6 +81,15 @@ def test_aliases_and_small_forms():
         ({"prompt": "x", "top_p": 0}, "top_p must be between"),
         ({"prompt": "x", "top_k": -2}, "top_k must be"),
         ({"prompt": "x", "seed": -1}, "seed must be"),
+        ({"prompt": "x", "seed": 2**64}, "seed must be an integer between 0 and"),
+        ({"prompt": "x", "seed": 1.5}, "seed must be"),
+        ({"prompt": "x", "temperature": 10**400}, "temperature must be between 0.0 and 100.0"),
+        ({"prompt": "x", "max_tokens": 10**5000}, "max_tokens must be between"),
+        ({"prompt": "x", "stop_token_ids": [1] * 1025}, "at most 1024 ids"),
+        ({"prompt": "x", "stop_token_ids": "1"}, "stop_token_ids must be"),
+        ({"prompt": "x", "stop": ["a" * 257]}, "at most 256 characters"),
+        ({"prompt": "x", "logprobs": -1}, "logprobs must be"),
+        ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
         ({"prompt": "x", "stop": [""]}, "stop must be"),
         ({"prompt": "x", "stop": ["a"] * 17}, "at most 16"),
         ({"prompt": "x", "stop_token_ids": [VOCAB]}, "stop_token_ids must be"),
@@ -98,3 +107,15 @@ def test_bad_requests_are_400(payload, message):
         parse(payload)
     assert caught.value.error_code == 400
     assert message in caught.value.message
+
+
+@pytest.mark.parametrize("tiny", [1e-45, 5e-324, 9e-6])
+def test_a_temperature_below_the_greedy_bound_is_greedy(tiny):
+    """Dividing logits by a denormal makes them infinite: such a temperature samples greedily."""
+    params = parse({"prompt": "x", "temperature": tiny}).params
+    assert params.temperature == 0.0 and params.greedy
+    assert parse({"prompt": "x", "temperature": 1e-5}).params.temperature == 1e-5
+
+
+def test_the_largest_seed_torch_takes_is_accepted():
+    assert parse({"prompt": "x", "seed": 2**64 - 1}).params.seed == 2**64 - 1

@@ -198,7 +198,9 @@ def test_min_tokens_masks_eos_and_stop_ids_until_enough_tokens():
     from handlers.generation.sampling import Sampler
 
     logits = torch.tensor([0.0, 5.0, 4.0, 3.0])  # EOS (1) first, then stop id 2, then 3
-    sampler = Sampler(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(2,)), [0], [1])
+    sampler = Sampler(
+        SamplingParams(temperature=0, min_tokens=3, stop_token_ids=frozenset({2})), [0], [1]
+    )
     assert [sampler.choose(logits)[0] for _ in range(4)] == [3, 3, 3, 1]
     assert sampler.is_stop_token(1) and sampler.is_stop_token(2) and not sampler.is_stop_token(3)
     assert not Sampler(SamplingParams(ignore_eos=True), [], [1]).is_stop_token(1)
