@@ -247,6 +247,15 @@ def choose_tokens(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[Cho
         greedy = torch.argmax(block, dim=-1)
         if rows:  # banned ids that are every token leave a row nothing to choose
             greedy = torch.where(torch.isfinite(block).any(dim=-1), greedy, NO_TOKEN)
+    choices: list[Choice | Exception] = [ValueError("no token chosen")] * len(samplers)
+    ready = []
+    for i in drawn:  # a row whose random stream cannot be had fails alone
+        try:
+            samplers[i].generator_on(device)
+            ready.append(i)
+        except Exception as exc:
+            choices[i] = exc
+    drawn = ready
     sampled_tokens: torch.Tensor | None = None
     failed: Exception | None = None
     if drawn:
@@ -258,7 +267,6 @@ def choose_tokens(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[Cho
     host_rows = logits[to_device(device, _index(others))[0]].float() if others else None
     chosen = [t for t in (greedy, sampled_tokens) if t is not None]
     tokens, host_rows = to_host(torch.cat(chosen) if chosen else None, host_rows)
-    choices: list[Choice | Exception] = [ValueError("no token chosen")] * len(samplers)
     order = plain + (drawn if sampled_tokens is not None else [])
     for i, token in zip(order, tokens.tolist() if tokens is not None else [], strict=True):
         if token == NO_TOKEN:

@@ -226,10 +226,15 @@ def test_a_fault_in_the_engines_own_work_fails_that_request_alone(
                 raise OverflowError("injected: seeding failed")
             super().__init__(params, *args)
 
-        def choose(self, logits: Any) -> Any:
+        def choose(self, logits: Any) -> Any:  # a row chosen on the host (penalties, logprobs)
             if self.params.seed == POISON and where == "sampling":
                 raise RuntimeError("injected: probability tensor contains nan")
             return super().choose(logits)
+
+        def generator_on(self, device: Any) -> Any:  # a row sampled with the step's others
+            if self.params.seed == POISON and where == "sampling":
+                raise RuntimeError("injected: no random stream on the device")
+            return super().generator_on(device)
 
     monkeypatch.setattr(engine_module, "Sampler", PoisonedSampler)
     add = engine.add

@@ -363,8 +363,8 @@ def test_a_row_whose_stop_ids_ban_every_token_fails_alone() -> None:
     from handlers.generation.params import SamplingParams
     from handlers.generation.sampling import BANNED_ALL, Sampler, choose_tokens
 
-    everything = SamplingParams(temperature=1.0, min_tokens=2, stop_token_ids=(0, 2))
-    greedy = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(0, 2))
+    everything = SamplingParams(temperature=1.0, min_tokens=2, stop_token_ids=frozenset({0, 2}))
+    greedy = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=frozenset({0, 2}))
     rows = [Sampler(everything, [], [1]), Sampler(SamplingParams(temperature=1.0), [], [1])]
     rows += [Sampler(greedy, [], [1]), Sampler(SamplingParams(temperature=0.0), [], [1])]
     logits = torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0], [0.0, 1.0, 3.0], [0.0, 1.0, 3.0]])
