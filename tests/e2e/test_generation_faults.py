@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -197,3 +198,29 @@ def test_a_worker_that_stops_reading_frames_is_replaced(server: LanternServer) -
     plain = {"model": "looping", "prompt": "hello", "max_tokens": 3, "temperature": 0}
     assert _post(server, "/v1/completions", plain).status_code == 200
     assert server.ping() == 200
+
+
+def _anon_rss(pid: int) -> int:
+    """The worker's private memory (kB): what it allocated, not the shared arena's pages."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+def test_multi_megabyte_prompts_are_refused_at_once_and_leave_no_memory_behind(
+    server: LanternServer,
+) -> None:
+    (pid,) = server.worker_pids("tiny")
+    small = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0}
+    assert _post(server, "/v1/completions", small).status_code == 200
+    before = _anon_rss(pid)
+    big = {"model": "tiny", "prompt": "héllo wörld " * 240_000, "max_tokens": 4}  # 2.9 MB
+    for _ in range(8):
+        started = time.monotonic()
+        response = _post(server, "/v1/completions", big)
+        assert response.status_code == 400, response.text
+        assert time.monotonic() - started < 10
+    after = _anon_rss(pid)
+    assert after < before * 1.1, (before, after)
+    assert server.worker_pids("tiny") == [pid]
