@@ -200,7 +200,7 @@ class _OpenAI:
                 return await self._stream(request, call, cid, created, result)
             final = await _final_part(result)
             if final is None:
-                raise ServeError("The model's answer has no finish_reason: is it a text model?")
+                raise oai.not_generative(call.model)
             body = oai.completion_body(call, cid, created, final)
             return _json(body, request_id(request))
 
@@ -212,6 +212,7 @@ class _OpenAI:
         rid = request_id(request)
         parts = answer_parts(first)
         head = _answer(await anext(parts))  # an error before the first part is a plain error
+        _check_generated(call.model, first, head)
 
         async def events() -> AsyncIterator[bytes]:
             if call.chat:
@@ -287,12 +288,15 @@ class _OpenAI:
             result = await _while_connected(request, self._submit(request, model, body))
             mv = self.registry.get(name, version)
             if not stream:
-                final = await _final_part(result) or {}
+                final = await _final_part(result)
+                if final is None:
+                    raise oai.not_generative(name)
                 text = final.get("text", "")
                 reason = oai.finish_reason(final)
                 return _json(oai.generate_body(name, mv.version, text, reason), rid)
             parts = answer_parts(result)
             head = _answer(await anext(parts))
+            _check_generated(name, result, head)
         except ServeError as err:
             return _oip_error(err, rid)
 
@@ -334,6 +338,14 @@ class _OpenAI:
     def _model_entry(self, shown: str, mv: ModelVersion | None = None) -> dict[str, Any]:
         created = getattr(mv, "created_at", None) if mv is not None else None
         return oai.model_body(shown, created)
+
+
+def _check_generated(model: str, first: ItemResult, head: dict[str, Any] | None) -> None:
+    """Refuse a stream whose model answered at once (not streamed) with no ``finish_reason``:
+    its answer is not generated text (an echo handler, a classifier), and the stream would be
+    empty."""
+    if first.stream is None and (head is None or not _is_final(head)):
+        raise oai.not_generative(model)
 
 
 def _vectors(result: ItemResult, count: int) -> tuple[list[list[float]], int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve.wire.errors import BadRequest, ServeError
+from serve.wire.json_input import parse_json
 
 # Paths of the OpenAI routes; ``/openai/v1/...`` (KServe's huggingfaceserver prefix) is always
 # OpenAI's, ``/v1/...`` too except where KServe v1 owns it (``GET /v1/models[/{m}]``).
@@ -68,6 +69,18 @@ class OpenAIError(BadRequest):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled back from the decoding process
+        return (type(self), (self.message, self.param))
+
+
+def not_generative(model: str) -> OpenAIError:
+    """The 400 for a generation request to a model whose answers are not generated text."""
+    return OpenAIError(
+        f"Model {model} does not generate text: its answer has no finish_reason "
+        "(serve it with a text-generation handler).",
+        "model",
+    )
 
 
 @dataclass(frozen=True)
@@ -118,10 +131,7 @@ def is_openai_client(headers: dict[bytes, bytes] | list[tuple[bytes, bytes]]) ->
 
 
 def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(f"The body is not valid JSON: {exc}") from None
+    data = parse_json(raw, "the body")  # 400 for malformed JSON and for JSON nested too deep
     if not isinstance(data, dict):
         raise OpenAIError(f"The body must be a JSON object, got {type(data).__name__}.")
     return data
