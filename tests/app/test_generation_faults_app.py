@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from serve.core import offload
+from serve.wire import json_input
+from serve.wire import openai as oai
 from tests.support.inline_workers import InlineWorkers
 from tests.support.inprocess import Lantern, in_process, run, test_config
 from tests.support.server import HANDLERS, build_archive, echo_archive
@@ -96,3 +100,60 @@ def test_generation_on_a_model_that_does_not_generate_is_a_400(tmp_path: Path) -
         assert whole.status_code == 200 and json.loads(whole.text)["text_output"]
 
     serve(tmp_path, test)
+
+
+def _ids_body(count: int = 3_100_000) -> bytes:
+    """The issue's body: ~6 MB, millions of stop_token_ids, to a model that does not exist."""
+    ids = ",".join(["1"] * count)
+    return ('{"model": "nope", "prompt": "hello", "stop_token_ids": [' + ids + "]}").encode()
+
+
+def test_long_lists_are_refused_before_the_body_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[int] = []
+    real = json_input.parse_json
+
+    def recording(data: bytes | str, what: str = "") -> Any:
+        parsed.append(len(data))
+        return real(data, what)
+
+    async def test(lantern: Lantern) -> None:
+        infer = lantern.inference
+        big = _ids_body()
+        assert len(big) > 6_000_000
+        started = time.perf_counter()
+        resp = await infer.post("/v1/completions", content=big)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "stop_token_ids"
+        assert time.perf_counter() - started < 5  # a full parse alone took 0.3-0.9 s
+        with monkeypatch.context() as patched:  # a small body is checked in this process
+            patched.setattr(oai, "parse_json", recording)
+            chat = {"model": "llm", "messages": [{"role": "user", "content": "x"}] * 16_385}
+            for path, body, param in [
+                ("/v1/completions", {"model": "llm", "prompt": "a", "stop": ["a"] * 5}, "stop"),
+                ("/v1/chat/completions", chat, "messages"),
+                ("/v1/embeddings", {"model": "llm", "input": ["a"] * 2049}, "input"),
+            ]:
+                resp = await infer.post(path, json=body)
+                assert resp.status_code == 400, (path, resp.text)
+                error = resp.json()["error"]
+                assert error["param"] == param and "at most" in error["message"], error
+            assert parsed == []  # refused from the commas, before any parse
+            stops = {"text_input": "a", "parameters": {"stop_token_ids": list(range(2000))}}
+            resp = await infer.post("/v2/models/llm/generate", json=stops)
+            assert resp.status_code == 400 and "parameters.stop_token_ids" in resp.json()["error"]
+            assert parsed == []
+            # A key spelled with an escape passes the scan; the parsed document is checked too.
+            spelled = b'{"model": "llm", "prompt": "a", "stop\\u005ftoken_ids": [' + b"1," * 1100
+            resp = await infer.post("/v1/completions", content=spelled + b"1]}")
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == "stop_token_ids"
+            assert len(parsed) == 1
+        # Within the bounds the requests are answered.
+        ok = {"model": "llm", "prompt": "a", "stop": ["x"] * 4, "stop_token_ids": [1] * 1024}
+        assert (await infer.post("/v1/completions", json=ok)).status_code == 200
+
+    try:
+        serve(tmp_path, test)
+    finally:
+        offload.shutdown()
