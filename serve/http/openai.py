@@ -127,10 +127,12 @@ def _is_final(answer: dict[str, Any]) -> bool:
     return "finish_reason" in answer
 
 
-async def _final_part(result: ItemResult) -> dict[str, Any] | None:
-    """The part of an answer that ends it (with ``finish_reason``), None if none does."""
+async def _final_part(result: ItemResult, limit: int) -> dict[str, Any] | None:
+    """The part of an answer that ends it (with ``finish_reason``), None if none does; a part
+    over ``limit`` bytes (``max_response_size``) is refused before it is parsed."""
     final = None
     async for part in answer_parts(result):
+        _check_size(len(part.body), limit)
         data = _answer(part)
         if data is not None and _is_final(data):
             final = data
@@ -199,11 +201,12 @@ class _OpenAI:
             created = int(time.time())
             if call.stream:
                 return await self._stream(request, call, cid, created, result)
-            final = await _final_part(result)
+            final = await _final_part(result, self.state.config.max_response_size)
             if final is None:
                 raise oai.not_generative(call.model)
-            body = oai.completion_body(call, cid, created, final)
-            return _json(body, request_id(request))
+            body = json.dumps(oai.completion_body(call, cid, created, final)).encode()
+            _check_size(len(body), self.state.config.max_response_size)
+            return _json_bytes(body, request_id(request))
 
         return await self._counted(request, answer)
 
@@ -269,9 +272,12 @@ class _OpenAI:
                     "model",
                 )
             result = await self._submit(request, call.model, body, EMBEDDINGS_PATH)
-            vectors, tokens = _vectors(result, len(call.inputs))
-            data = oai.embeddings_body(call, vectors, tokens)
-            return _json(data, request_id(request))
+            limit = self.state.config.max_response_size
+            _check_size(len(result.body), limit)  # the answer is bigger still: refuse at once
+            size = len(result.body)
+            answer = await run_big(size, _embeddings_answer, call, result.status, result.body)
+            _check_size(len(answer), limit)
+            return _json_bytes(answer, request_id(request))
 
         return await self._counted(request, answer)
 
@@ -288,12 +294,14 @@ class _OpenAI:
             result = await _while_connected(request, self._submit(request, model, body))
             mv = self.registry.get(name, version)
             if not stream:
-                final = await _final_part(result)
+                final = await _final_part(result, self.state.config.max_response_size)
                 if final is None:
                     raise oai.not_generative(name)
                 text = final.get("text", "")
                 reason = oai.finish_reason(final)
-                return _json(oai.generate_body(name, mv.version, text, reason), rid)
+                answer = json.dumps(oai.generate_body(name, mv.version, text, reason)).encode()
+                _check_size(len(answer), self.state.config.max_response_size)
+                return _json_bytes(answer, rid)
             parts = answer_parts(result)
             head = _answer(await anext(parts))
             _check_generated(name, result, head)
@@ -368,6 +376,18 @@ def _check_generated(model: str, first: ItemResult, head: dict[str, Any] | None)
         raise oai.not_generative(model)
 
 
+def _check_size(size: int, limit: int) -> None:
+    """What ``/predictions`` answers for a model's answer over ``max_response_size``."""
+    if size > limit:
+        raise ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
+
+
+def _embeddings_answer(call: oai.EmbeddingsCall, status: int, body: bytes) -> bytes:
+    """The embeddings answer's JSON from the handler's (off the loop: it may be megabytes)."""
+    vectors, tokens = _vectors(ItemResult(status, body, "application/json"), len(call.inputs))
+    return json.dumps(oai.embeddings_body(call, vectors, tokens)).encode()
+
+
 def _vectors(result: ItemResult, count: int) -> tuple[list[list[float]], int]:
     data = _answer(result)
     if data is None:
@@ -403,8 +423,12 @@ def _oip_error(err: ServeError, rid: str) -> Response:
 
 
 def _json(data: Any, rid: str, status: int = 200) -> Response:
+    return _json_bytes(json.dumps(data).encode(), rid, status)
+
+
+def _json_bytes(body: bytes, rid: str, status: int = 200) -> Response:
     return Response(
-        json.dumps(data),
+        body,
         status_code=status,
         headers={**NO_CACHE_HEADERS, "x-request-id": rid},
         media_type="application/json",

@@ -157,3 +157,27 @@ def test_long_lists_are_refused_before_the_body_is_parsed(
         serve(tmp_path, test)
     finally:
         offload.shutdown()
+
+
+def test_answers_over_max_response_size_are_refused(tmp_path: Path) -> None:
+    async def test(lantern: Lantern) -> None:
+        infer = lantern.inference
+        message = "The model's response exceeds max_response_size of 300 bytes."
+        for path, body in [
+            ("/v1/embeddings", {"model": "llm", "input": ["word"] * 100}),
+            ("/v1/completions", {"model": "llm", "prompt": "a", "max_tokens": 60}),
+        ]:
+            resp = await infer.post(path, json=body)
+            assert resp.status_code == 500, (path, resp.text)
+            assert resp.json()["error"]["message"] == message
+        long = {"text_input": "a", "parameters": {"max_tokens": 60}}
+        resp = await infer.post("/v2/models/llm/generate", json=long)
+        assert resp.status_code == 500 and resp.json()["error"] == message
+        small = await infer.post("/v1/embeddings", json={"model": "llm", "input": ["a b"]})
+        assert small.status_code == 200 and small.json()["data"][0]["embedding"]
+        one = await infer.post(
+            "/v1/completions", json={"model": "llm", "prompt": "a", "max_tokens": 1}
+        )
+        assert one.status_code == 200, one.text
+
+    serve(tmp_path, test, max_response_size=300)
