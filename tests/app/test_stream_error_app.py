@@ -3,7 +3,6 @@ after its first part ends with TorchServe's error object as its last chunk, neve
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -13,14 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serve.core.jobs import ItemResult
+from serve.core.jobs import ItemResult, PartQueue
 from serve.http.inference import _result_response, stream_error_chunk
 from serve.wire.errors import ServeError, WorkerDied
 
 
 def app_streaming(*later: ItemResult | ServeError) -> Starlette:
     async def route(request: Request) -> Response:
-        stream: asyncio.Queue[ItemResult | ServeError | None] = asyncio.Queue()
+        stream = PartQueue()
         for item in (*later, None):
             stream.put_nowait(item)
         return _result_response(ItemResult(200, b"a ", "text/plain", stream=stream), "r1", 1 << 20)
