@@ -26,7 +26,7 @@ from serve.http.common import (
 )
 from serve.http.inputs import read_params, request_timeout
 from serve.http.openapi import inference_description
-from serve.wire.errors import ServeError
+from serve.wire.errors import ServeError, response_too_large
 
 logger = logging.getLogger(__name__)
 
@@ -152,15 +152,11 @@ def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     }
 
 
-def _too_large(max_size: int) -> ServeError:
-    return ServeError(f"The model's response exceeds max_response_size of {max_size} bytes.")
-
-
 def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
     if len(result.body) > max_size:
         if result.abandon is not None:
             result.abandon()  # a stream's first part: the rest is not wanted
-        return error_response(_too_large(max_size), rid)
+        return error_response(response_too_large(max_size), rid)
     if result.stream is not None:
         return _streaming_response(result, rid, max_size)
     headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
@@ -184,7 +180,7 @@ def _streaming_response(first: ItemResult, rid: str, max_size: int) -> Response:
                 if len(part.body) > max_size:
                     if first.abandon is not None:
                         first.abandon()
-                    raise _too_large(max_size)
+                    raise response_too_large(max_size)
                 yield part.body
         except ServeError as err:
             logger.error("Request %s failed mid-stream: %s", rid, err.message)

@@ -31,7 +31,12 @@ from serve.http.common import NO_CACHE_HEADERS, ServerState, openai_error_respon
 from serve.http.inputs import read_body, request_timeout
 from serve.wire import oip
 from serve.wire import openai as oai
-from serve.wire.errors import ClientClosedRequest, ServeError, error_for_status
+from serve.wire.errors import (
+    ClientClosedRequest,
+    ServeError,
+    error_for_status,
+    response_too_large,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -379,7 +384,7 @@ def _check_generated(model: str, first: ItemResult, head: dict[str, Any] | None)
 def _check_size(size: int, limit: int) -> None:
     """What ``/predictions`` answers for a model's answer over ``max_response_size``."""
     if size > limit:
-        raise ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
+        raise response_too_large(limit)
 
 
 def _embeddings_answer(call: oai.EmbeddingsCall, status: int, body: bytes) -> bytes:
