@@ -118,13 +118,17 @@ async def _while_connected(request: Request, answer: Awaitable[T]) -> T:
 
 def _answer(part: ItemResult) -> dict[str, Any] | None:
     """A part's JSON object (None for the empty part a row that does not stream gets)."""
+    return _parse_answer(part.status, part.body)
+
+
+def _parse_answer(status: int, body: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(part.body) if part.body else None
-    except ValueError:
+        data = json.loads(body) if body else None
+    except (ValueError, RecursionError):
         raise ServeError("The model's answer is not JSON.") from None
-    if part.status >= 400:
+    if status >= 400:
         message = data.get("message") if isinstance(data, dict) else None
-        raise error_for_status(part.status, str(message or part.body.decode(errors="replace")))
+        raise error_for_status(status, str(message or body.decode(errors="replace")))
     return data if isinstance(data, dict) else None
 
 
@@ -138,7 +142,8 @@ async def _final_part(result: ItemResult, limit: int) -> dict[str, Any] | None:
     final = None
     async for part in answer_parts(result):
         _check_size(len(part.body), limit)
-        data = _answer(part)
+        # A whole answer may be megabytes (an echo of a big prompt): parsed off the loop.
+        data = await run_big(len(part.body), _parse_answer, part.status, part.body)
         if data is not None and _is_final(data):
             final = data
     return final
