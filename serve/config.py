@@ -52,6 +52,10 @@ class Config:
     max_response_size: int = 6553500
     enable_model_api: bool = False
     disable_token_authorization: bool = False
+    # With token authorization off, refuse (403) a Host header that names none of the port's own
+    # addresses, localhost or allowed_hosts: DNS rebinding (serve/http/host_guard.py).
+    check_host_header: bool = True
+    allowed_hosts: list[str] = field(default_factory=list)
     token_expiration_min: float = 60.0
     key_file: str = "key_file.json"
     # Fixed keys (e.g. from a Kubernetes Secret); each one set replaces that generated key and

@@ -263,6 +263,10 @@ def setup_logging(
                 # Our own access log replaces the servers' (and costs one log call).
                 "hypercorn.access": {"level": "WARNING"},
                 "uvicorn.access": {"level": "WARNING"},
+                # Each of the three ports' servers says "Started server process", "Shutting
+                # down" ... at INFO, the same line three times; serve.server says it once.
+                "hypercorn.error": {"level": "WARNING"},
+                "uvicorn.error": {"level": "WARNING"},
             },
         }
     )

@@ -37,6 +37,7 @@ from serve.workflows.manager import Workflows
 
 if TYPE_CHECKING:
     from serve.core.model import ModelVersion
+    from serve.http.auth import TokenAuth
     from serve.store.snapshot import SnapshotStore
 
 logger = logging.getLogger(__name__)
@@ -107,9 +108,11 @@ class Server:
         if self.state.auth is not None:
             for kind in ("inference", "management"):
                 apps[kind] = TokenGuard(apps[kind], self.state.auth, kind)
-        apps = _with_console(apps, self.config)  # its page's files are open; the rest guarded
+        apps = _with_console(apps, self.config, self.state.auth)  # page files open; rest guarded
         apps = _with_cors(apps, self.config)  # outside auth: a browser's preflight has no token
         apps = self._answer_grpc_clients(apps)
+        if self.state.auth is None and self.config.check_host_header:
+            apps = _with_host_check(apps, self.config)  # DNS rebinding, with no token to stop it
         # Outermost, so that refused (401) requests are logged and counted too; inside it, the
         # 503 for requests that arrive during a drain and the 413 for declared oversized bodies.
         limit = self.config.max_request_size
@@ -420,12 +423,27 @@ def _with_cors(apps: dict[str, Any], config: Config) -> dict[str, Any]:
     return {name: policy.wrap(app) for name, app in apps.items()}
 
 
-def _with_console(apps: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The console on the management port, over the guarded apps (serve/http/console.py)."""
+def _with_host_check(apps: dict[str, Any], config: Config) -> dict[str, Any]:
+    from serve.http.host_guard import HostGuard, HostPolicy
+
+    guarded = {}
+    for name, app in apps.items():
+        host, _ = host_port(getattr(config, f"{name}_address"))
+        policy = HostPolicy(host, config.allowed_hosts)
+        guarded[name] = HostGuard(app, policy, protocols=name == "inference")
+    return guarded
+
+
+def _with_console(apps: dict[str, Any], config: Config, auth: TokenAuth | None) -> dict[str, Any]:
+    """The console on the management port, over the guarded apps (serve/http/console.py); its
+    metrics need the management key, as the rest of the management port does."""
     if not config.console_path:
         return apps
     from serve.http.console import ConsoleMount
+    from serve.http.token_guard import TokenGuard
 
     metrics = apps["metrics"] if config.enable_metrics_api else None
+    if metrics is not None and auth is not None:
+        metrics = TokenGuard(metrics, auth, "management")
     console = ConsoleMount(apps["management"], apps["inference"], metrics, config.console_path)
     return {**apps, "management": console}

@@ -68,9 +68,22 @@ def archive_llm(path: Path, name: str, model_store: Path) -> Path:
         )
 
 
+def _model_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--name``, checked as the archiver checks it: a usage error, not a traceback."""
+    from archiver import ManifestError
+    from archiver.manifest import validate_model_name
+
+    if value is not None:
+        try:
+            validate_model_name(value)
+        except ManifestError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @click.command(short_help="Archive an LLM (folder or .gguf) and serve it with OpenAI's API.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--name", default=None, help="Model name (default: from PATH).")
+@click.option("--name", default=None, callback=_model_name, help="Model name (default: from PATH).")
 @click.option(
     "--model-store",
     type=click.Path(file_okay=False, path_type=Path),

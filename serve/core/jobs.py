@@ -49,6 +49,47 @@ def next_state(current: WorkerState, wanted: WorkerState) -> WorkerState:
     return wanted if wanted is current or wanted in _MOVES[current] else current
 
 
+# A streamed answer's parts wait in the frontend for their client; one that does not read (or
+# reads slower than its model writes) would have the frontend hold the whole answer. Past
+# STREAM_BUFFER_MAX bytes waiting, the client has STREAM_SEND_TIMEOUT seconds to take them back
+# under it, and the parts may grow to STREAM_BUFFER_CAP meanwhile; past either, the request is
+# cancelled on its worker and its waiting parts dropped (docs/faults.md).
+STREAM_BUFFER_MAX = 1 << 20
+STREAM_BUFFER_CAP = 4 * STREAM_BUFFER_MAX
+STREAM_SEND_TIMEOUT = 10.0
+
+
+class PartQueue(asyncio.Queue["ItemResult | ServeError | None"]):
+    """A stream's parts waiting for its client; ``waiting`` counts their bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    def _put(self, item: ItemResult | ServeError | None) -> None:
+        if isinstance(item, ItemResult):
+            self.waiting += len(item.body)
+        super()._put(item)
+
+    def _get(self) -> ItemResult | ServeError | None:
+        item = super()._get()
+        if isinstance(item, ItemResult):
+            self.waiting -= len(item.body)
+        return item
+
+    def drop(self) -> None:
+        """Forget every waiting part."""
+        while not self.empty():
+            self.get_nowait()
+
+
+class StreamNotRead(ServeError):
+    """A stream's client left its parts unread past the bound (`STREAM_BUFFER_MAX`)."""
+
+    status_code = 408
+    error_type = "StreamNotRead"
+
+
 @dataclass(slots=True)
 class ItemResult:
     """A request's answer as the frontend hands it on (from the worker's `ResultItem` or
@@ -59,7 +100,7 @@ class ItemResult:
     content_type: str | None
     headers: dict[str, str] = field(default_factory=dict)
     # For a streaming handler: the later chunks, then the final result or error, then None.
-    stream: asyncio.Queue[ItemResult | ServeError | None] | None = None
+    stream: PartQueue | None = None
     # Called by the edge when its client leaves a stream before the end (`Job.abandon`).
     abandon: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
@@ -112,9 +153,10 @@ class Job:
     retries: int = 0
     dispatched_at: float = 0.0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
-    stream: asyncio.Queue[ItemResult | ServeError | None] | None = field(default=None, repr=False)
+    stream: PartQueue | None = field(default=None, repr=False)
     abandoned: bool = False  # its client left a stream before the end
     on_abandon: Callable[[], None] | None = field(default=None, repr=False)
+    unread: asyncio.TimerHandle | None = field(default=None, repr=False)  # `_watch_stream`
 
     @property
     def done(self) -> bool:
@@ -129,8 +171,11 @@ class Job:
         return self.future.done() and self.future.exception() is not None
 
     def abandon(self) -> None:
-        """The client left the stream: the worker may stop generating for it."""
+        """The client left the stream: the worker may stop generating for it, and the parts
+        waiting for the client are dropped (as are any that come later)."""
         self.abandoned = True
+        if self.stream is not None:
+            self.stream.drop()
         if self.on_abandon is not None:
             self.on_abandon()
 
@@ -141,9 +186,11 @@ class Job:
         chunks and then the final result (or error).
         """
         if self.stream is not None:
-            self.stream.put_nowait(chunk)
+            if not self.abandoned:  # else nobody reads it: dropped
+                self.stream.put_nowait(chunk)
+                self._watch_stream()
         elif not self.future.done():  # not answered yet (by a timeout, say)
-            self.stream = asyncio.Queue()
+            self.stream = PartQueue()
             self.future.set_result(
                 ItemResult(
                     chunk.status,
@@ -155,12 +202,43 @@ class Job:
                 )
             )
 
+    def _watch_stream(self) -> None:
+        """Hold the parts waiting for the client to the bounds (`STREAM_BUFFER_MAX`)."""
+        assert self.stream is not None
+        waiting = self.stream.waiting
+        if waiting > STREAM_BUFFER_CAP:
+            self._unread()
+        elif waiting > STREAM_BUFFER_MAX and self.unread is None:
+            loop = asyncio.get_running_loop()
+            self.unread = loop.call_later(STREAM_SEND_TIMEOUT, self._still_unread)
+
+    def _still_unread(self) -> None:
+        self.unread = None
+        if self.stream is not None and self.stream.waiting > STREAM_BUFFER_MAX:
+            self._unread()
+
+    def _unread(self) -> None:
+        """The client has not read its stream: cancel the request, drop its parts, end it."""
+        assert self.stream is not None
+        if self.unread is not None:
+            self.unread.cancel()
+            self.unread = None
+        self.abandon()
+        self.stream.put_nowait(
+            StreamNotRead(
+                f"The client of request {self.item.request_id} did not read its stream "
+                f"({STREAM_BUFFER_MAX} bytes waiting for {STREAM_SEND_TIMEOUT:g} s); cancelled."
+            )
+        )
+        self.stream.put_nowait(None)
+
     def resolve(self, result: ItemResult) -> None:
         if self.timer is not None:
             self.timer.cancel()
         if self.stream is not None:
-            self.stream.put_nowait(result)
-            self.stream.put_nowait(None)
+            if not self.abandoned:
+                self.stream.put_nowait(result)
+                self.stream.put_nowait(None)
         elif not self.future.done():
             self.future.set_result(result)
 
@@ -168,7 +246,8 @@ class Job:
         if self.timer is not None:
             self.timer.cancel()
         if self.stream is not None:
-            self.stream.put_nowait(error)
-            self.stream.put_nowait(None)
+            if not self.abandoned:
+                self.stream.put_nowait(error)
+                self.stream.put_nowait(None)
         elif not self.future.done():
             self.future.set_exception(error)

@@ -7,6 +7,7 @@
 * ``{path}/inference/...`` is the inference app, guarded as on its own port (the inference key,
   the same body limits and routes), so that the page calls it from its own origin without CORS;
 * ``{path}/metrics`` is the metrics app's ``/metrics`` (absent when ``enable_metrics_api`` is off),
+  behind the management key as the rest of this port (the server wraps it: `serve.server`),
   which the page polls for rates and latency percentiles;
 * everything else, the management API itself included, goes to the management app unchanged:
   scale, register, set-default and unregister obey its token and ``enable_model_api`` as ever.

@@ -26,7 +26,7 @@ from serve.http.common import (
 )
 from serve.http.inputs import read_params, request_timeout
 from serve.http.openapi import inference_description
-from serve.wire.errors import ServeError
+from serve.wire.errors import ServeError, response_too_large
 
 logger = logging.getLogger(__name__)
 
@@ -153,29 +153,34 @@ def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def _result_response(result: ItemResult, rid: str, max_size: int) -> Response:
-    if result.stream is not None:
-        return _streaming_response(result, rid)
     if len(result.body) > max_size:
-        return error_response(
-            ServeError(f"The model's response exceeds max_response_size of {max_size} bytes."), rid
-        )
+        if result.abandon is not None:
+            result.abandon()  # a stream's first part: the rest is not wanted
+        return error_response(response_too_large(max_size), rid)
+    if result.stream is not None:
+        return _streaming_response(result, rid, max_size)
     headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
     # Raw bytes with no type from the handler go without a Content-Type, as in TorchServe.
     media_type = result.content_type
     return Response(result.body, status_code=result.status, headers=headers, media_type=media_type)
 
 
-def _streaming_response(first: ItemResult, rid: str) -> Response:
+def _streaming_response(first: ItemResult, rid: str, max_size: int) -> Response:
     """A handler that calls ``send_intermediate_predict_response``: chunked transfer, as TorchServe.
 
-    The status is the first chunk's; an error after it (the worker died, the request was cut)
-    is logged and sent as the last chunk, `stream_error_chunk`, before the chunked body ends.
+    The status is the first chunk's; an error after it (the worker died, the request was cut, a
+    part over ``max_size``, which TorchServe also holds each part to) is logged and sent as the
+    last chunk, `stream_error_chunk`, before the chunked body ends.
     """
     assert first.stream is not None
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
             async for part in answer_parts(first):
+                if len(part.body) > max_size:
+                    if first.abandon is not None:
+                        first.abandon()
+                    raise response_too_large(max_size)
                 yield part.body
         except ServeError as err:
             logger.error("Request %s failed mid-stream: %s", rid, err.message)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from serve.core import manage
+from serve.core.offload import run_big
 from serve.core.params import parse_bool, parse_int
 from serve.http.common import EXCEPTION_HANDLERS, ServerState, json_response
 from serve.http.inputs import read_body
@@ -116,7 +117,7 @@ async def _register_params(request: Request, max_size: int) -> dict[str, Any]:
     if content_type == "application/json":
         body = await read_body(request, max_size)
         if body.strip():
-            data = parse_json(body, "the JSON body")
+            data = await run_big(len(body), parse_json, body, "the JSON body")  # off the loop
             if not isinstance(data, dict):
                 raise BadRequest("The JSON body must be an object of register parameters.")
             params.update(data)

@@ -55,6 +55,7 @@ from serve.wire.errors import (
     NotFound,
     ServeError,
     WorkerError,
+    response_too_large,
 )
 from serve.wire.tensor_params import decode_bundle, is_bundle, tensor_content_type
 
@@ -320,7 +321,7 @@ class _Protocols:
     def _check_size(self, body: bytes) -> None:
         limit = self.state.config.max_response_size
         if len(body) > limit:
-            raise ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
+            raise response_too_large(limit)
 
     # ----- KServe v1 / TF Serving ----------------------------------------------------------
 

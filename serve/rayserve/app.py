@@ -48,7 +48,13 @@ from serve.rayserve import dashboard
 from serve.rayserve.plan import plan_deployment, replica_options
 from serve.server import expand_models
 from serve.wire import KSERVE_V1, OIP, PROTOCOL_HEADER, oip
-from serve.wire.errors import BadRequest, GatewayTimeout, NotFound, ServeError
+from serve.wire.errors import (
+    BadRequest,
+    GatewayTimeout,
+    NotFound,
+    ServeError,
+    response_too_large,
+)
 from serve.wire.messages import ErrorItem, ResultItem, WorkerSpec
 from serve.wire.tensor_params import decode_bundle, is_bundle
 
@@ -261,9 +267,7 @@ class LanternIngress:
 
     def response(self, result: ResultItem, rid: str, media_type: str) -> Response:
         if len(result.body) > self.max_response_size:
-            raise ServeError(
-                f"The model's response exceeds max_response_size of {self.max_response_size} bytes."
-            )
+            raise response_too_large(self.max_response_size)
         headers = {**NO_CACHE_HEADERS, **result.headers, "x-request-id": rid}
         return Response(result.body, result.status, headers=headers, media_type=media_type)
 

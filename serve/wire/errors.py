@@ -179,5 +179,10 @@ def error_for_status(status: int, message: str, error_type: str | None = None) -
     return err
 
 
+def response_too_large(limit: int) -> ServeError:
+    """What every route answers for a model's answer over ``max_response_size`` (``limit``)."""
+    return ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
+
+
 def error_body(err: ServeError) -> bytes:
     return (json.dumps(err.to_dict(), indent=2) + "\n").encode()

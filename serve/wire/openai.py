@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve.wire.errors import BadRequest, ServeError
+from serve.wire.json_input import ListBounds, check_lists, long_list, parse_json
 
 # Paths of the OpenAI routes; ``/openai/v1/...`` (KServe's huggingfaceserver prefix) is always
 # OpenAI's, ``/v1/...`` too except where KServe v1 owns it (``GET /v1/models[/{m}]``).
@@ -47,6 +48,22 @@ _SAMPLING = frozenset(
         "ignore_eos",
     }
 )
+# Lists bounded before the body is parsed (`serve.wire.json_input.long_list`) and after: a body
+# of millions of ids is a 400 in milliseconds. ``stop``: OpenAI's "up to 4 sequences"; embedding
+# ``input``: OpenAI's 2,048 inputs a request; the others are far above any real request.
+MAX_STOP = 4
+MAX_STOP_TOKEN_IDS = 1024
+MAX_MESSAGES = 16_384
+MAX_EMBEDDING_INPUTS = 2048
+MAX_GENERATE_STOP = 16  # OIP generate's parameters go to the handler as they are: its own bound
+_SAMPLING_LISTS: ListBounds = {("stop",): MAX_STOP, ("stop_token_ids",): MAX_STOP_TOKEN_IDS}
+COMPLETION_LISTS: ListBounds = dict(_SAMPLING_LISTS)
+CHAT_LISTS: ListBounds = {**_SAMPLING_LISTS, ("messages",): MAX_MESSAGES}
+EMBEDDING_LISTS: ListBounds = {("input",): MAX_EMBEDDING_INPUTS}
+GENERATE_LISTS: ListBounds = {
+    ("parameters", "stop"): MAX_GENERATE_STOP,
+    ("parameters", "stop_token_ids"): MAX_STOP_TOKEN_IDS,
+}
 # Fields OpenAI defines that change nothing here (identification, hints).
 _IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 # Fields accepted only at the value that means "nothing special".
@@ -68,6 +85,18 @@ class OpenAIError(BadRequest):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled back from the decoding process
+        return (type(self), (self.message, self.param))
+
+
+def not_generative(model: str) -> OpenAIError:
+    """The 400 for a generation request to a model whose answers are not generated text."""
+    return OpenAIError(
+        f"Model {model} does not generate text: its answer has no finish_reason "
+        "(serve it with a text-generation handler).",
+        "model",
+    )
 
 
 @dataclass(frozen=True)
@@ -117,14 +146,21 @@ def is_openai_client(headers: dict[bytes, bytes] | list[tuple[bytes, bytes]]) ->
 # ----- requests -------------------------------------------------------------------------------
 
 
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(f"The body is not valid JSON: {exc}") from None
+def _object(raw: bytes, bounds: ListBounds) -> dict[str, Any]:
+    """The body's JSON object; 400 for a list over its bound (read before the parse when it
+    can be), for malformed JSON and for JSON nested too deep."""
+    _refuse_long(long_list(raw, bounds), bounds)
+    data = parse_json(raw, "the body")
     if not isinstance(data, dict):
         raise OpenAIError(f"The body must be a JSON object, got {type(data).__name__}.")
+    _refuse_long(check_lists(data, bounds), bounds)
     return data
+
+
+def _refuse_long(path: tuple[str, ...] | None, bounds: ListBounds) -> None:
+    if path is not None:
+        name = ".".join(path)
+        raise OpenAIError(f"'{name}' takes at most {bounds[path]} items.", name)
 
 
 def _model(data: dict[str, Any]) -> str:
@@ -167,7 +203,7 @@ def _include_usage(data: dict[str, Any], stream: bool) -> bool:
 
 def parse_completion(raw: bytes) -> GenerationCall:
     """``POST /v1/completions``: one prompt (a string, or a list of one string)."""
-    data = _object(raw)
+    data = _object(raw, COMPLETION_LISTS)
     allowed = _SAMPLING | {"model", "prompt", "stream", "stream_options", "logprobs"}
     _check_fields(data, allowed)
     prompt = data.get("prompt")
@@ -209,7 +245,7 @@ def _message(index: int, message: Any) -> dict[str, str]:
 
 def parse_chat(raw: bytes) -> GenerationCall:
     """``POST /v1/chat/completions``: messages rendered by the worker's chat template."""
-    data = _object(raw)
+    data = _object(raw, CHAT_LISTS)
     allowed = _SAMPLING | {
         "model",
         "messages",
@@ -240,7 +276,7 @@ def parse_chat(raw: bytes) -> GenerationCall:
 
 def parse_embeddings(raw: bytes) -> EmbeddingsCall:
     """``POST /v1/embeddings``: a string or a list of strings; ``float`` or ``base64`` vectors."""
-    data = _object(raw)
+    data = _object(raw, EMBEDDING_LISTS)
     _check_fields(data, frozenset({"model", "input", "encoding_format", "dimensions"}))
     encoding = data.get("encoding_format")
     if encoding not in (None, "float", "base64"):
@@ -438,7 +474,7 @@ def error_body(err: ServeError) -> bytes:
 def parse_generate(raw: bytes, stream: bool) -> dict[str, Any]:
     """``POST /v2/models/{m}/generate[_stream]``: ``text_input`` and ``parameters`` (Triton's
     generate extension) as the handler's body; the sampling fields are the handler's."""
-    data = _object(raw)
+    data = _object(raw, GENERATE_LISTS)
     text = data.get("text_input")
     if not isinstance(text, str):
         raise OpenAIError("'text_input' must be a string.", "text_input")

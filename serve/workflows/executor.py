@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from serve.core.jobs import BatchItem, ItemResult
-from serve.wire.errors import GatewayTimeout, NotFound, ServeError
+from serve.wire.errors import GatewayTimeout, NotFound, ServeError, response_too_large
 from serve.workflows.dag import Dag, Param, node_params
 from serve.workflows.spec import NodeSettings
 
@@ -31,11 +31,6 @@ class NodeFailed(ServeError):
     """A workflow node failed on every attempt; the message names it."""
 
     error_type = "InternalServerException"
-
-
-def too_large(limit: int) -> ServeError:
-    """What ``/predictions`` answers for a model output over ``max_response_size``."""
-    return ServeError(f"The model's response exceeds max_response_size of {limit} bytes.")
 
 
 class _OutputTooLarge(Exception):
@@ -124,7 +119,7 @@ async def _call(
         except _OutputTooLarge:
             assert max_output is not None
             report(NodeReport(node, 500, time.perf_counter() - started, attempt, request_id))
-            err = too_large(max_output)
+            err = response_too_large(max_output)
             logger.error("Workflow request %s: node %s: %s", request_id, node, err.message)
             raise ServeError(f"{err.message} (node {node}, request id {request_id})") from None
         except asyncio.TimeoutError:

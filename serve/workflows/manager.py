@@ -35,10 +35,11 @@ from serve.wire.errors import (
     ModelNotFound,
     NotFound,
     ServeError,
+    response_too_large,
 )
 from serve.wire.redact import client_message
 from serve.workflows.dag import Dag, Param, build_dag, compose_answer
-from serve.workflows.executor import NodeReport, run_dag, too_large
+from serve.workflows.executor import NodeReport, run_dag
 from serve.workflows.metrics import WorkflowMetrics
 from serve.workflows.spec import NodeSettings, SpecLimits, WorkflowSpec, parse_spec
 
@@ -381,7 +382,7 @@ class Workflows:
             except ValueError as exc:
                 raise ServeError(f"{exc} (request id {request_id})") from None
             if len(body) > limit:
-                raise ServeError(f"{too_large(limit).message} (request id {request_id})")
+                raise ServeError(f"{response_too_large(limit).message} (request id {request_id})")
             status = 200
             return body
         except ServeError as exc:

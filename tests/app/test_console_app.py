@@ -105,6 +105,21 @@ def test_the_metrics_mount_follows_enable_metrics_api(
     serve(tmp_path / "off", monkeypatch, off, enable_metrics_api=False)
 
 
+def test_the_metrics_mount_needs_the_management_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test(lantern: Lantern) -> None:
+        assert (await lantern.management.get("/console/metrics")).status_code == 401
+        wrong = {"authorization": "Bearer " + keys(lantern)["inference"]}
+        assert (await lantern.management.get("/console/metrics", headers=wrong)).status_code == 401
+        good = {"authorization": "Bearer " + keys(lantern)["management"]}
+        scraped = await lantern.management.get("/console/metrics", headers=good)
+        assert scraped.status_code == 200 and "serve_requests_in_flight" in scraped.text
+        assert (await lantern.metrics.get("/metrics")).status_code == 200  # its own port: open
+
+    serve(tmp_path, monkeypatch, test, disable_token_authorization=False)
+
+
 def test_console_path_moves_or_removes_the_console(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,7 +3,6 @@ after its first part ends with TorchServe's error object as its last chunk, neve
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -13,14 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serve.core.jobs import ItemResult
+from serve.core.jobs import ItemResult, PartQueue
 from serve.http.inference import _result_response, stream_error_chunk
 from serve.wire.errors import ServeError, WorkerDied
 
 
 def app_streaming(*later: ItemResult | ServeError) -> Starlette:
     async def route(request: Request) -> Response:
-        stream: asyncio.Queue[ItemResult | ServeError | None] = asyncio.Queue()
+        stream = PartQueue()
         for item in (*later, None):
             stream.put_nowait(item)
         return _result_response(ItemResult(200, b"a ", "text/plain", stream=stream), "r1", 1 << 20)
@@ -49,3 +48,23 @@ async def test_a_stream_whose_worker_dies_ends_with_an_error_chunk() -> None:
 async def test_a_stream_that_ends_well_has_no_error_chunk() -> None:
     status, body = await body_of(app_streaming(ItemResult(200, b"b ", "text/plain")))
     assert (status, body) == (200, b"a b ")
+
+
+@pytest.mark.anyio
+async def test_a_part_over_max_response_size_ends_the_stream() -> None:
+    cancelled: list[bool] = []
+    big = ItemResult(200, b"x" * ((1 << 20) + 1), "text/plain")
+
+    async def route(request: Request) -> Response:
+        stream = PartQueue()
+        for item in (ItemResult(200, b"b ", "text/plain"), big, None):
+            stream.put_nowait(item)
+        first = ItemResult(200, b"a ", "text/plain", stream=stream)
+        first.abandon = lambda: cancelled.append(True)
+        return _result_response(first, "r1", 1 << 20)
+
+    status, body = await body_of(Starlette(routes=[Route("/", route)]))
+    assert status == 200 and body.startswith(b"a b ")
+    last = json.loads(body.splitlines()[-1])
+    assert last["message"] == f"The model's response exceeds max_response_size of {1 << 20} bytes."
+    assert cancelled  # the request is cancelled on its worker

@@ -92,7 +92,7 @@ def test_client_leaving_mid_body_is_not_an_error(server: LanternServer) -> None:
     host, port = server.inference.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(
-            b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"POST /predictions/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
             b"Content-Length: 1000\r\n\r\nonly part of it"
         )
     time.sleep(0.5)

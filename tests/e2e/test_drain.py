@@ -34,7 +34,7 @@ def served_or_refused(addr: tuple[str, int]) -> bool:
     except ConnectionRefusedError:
         return True
     with conn:
-        conn.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        conn.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         try:
             head = conn.recv(64)
         except TimeoutError:

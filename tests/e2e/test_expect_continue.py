@@ -24,7 +24,7 @@ def exchange(url: str, path: str, content_type: str) -> bytes:
     assert parts.hostname and parts.port
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as conn:
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {LIMIT + 1}\r\nExpect: 100-continue\r\n\r\n"
         )
         conn.sendall(head.encode())

@@ -77,7 +77,7 @@ def test_a_head_still_arriving_is_cut_off_and_the_neighbour_answered(
     url = urlsplit(_urls(server)[port])
     assert url.port is not None
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
-        sock.sendall(b"GET /ping HTTP/1.1\r\nhost: x\r\nx-endless: ")
+        sock.sendall(b"GET /ping HTTP/1.1\r\nhost: 127.0.0.1\r\nx-endless: ")
         for _ in range(LIMIT // 1024 + 1):  # just past the limit, and the head never ends
             sock.sendall(b"b" * 1024)
             # A neighbour on its own connection is answered meanwhile, at once.

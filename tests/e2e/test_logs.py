@@ -166,6 +166,10 @@ def test_server_log_has_lifecycle_records(text_server: LanternServer) -> None:
     records = text_records(text_server.log_text("lantern.log"))
     assert any(" INFO serve.server Lantern " in r and "listening" in r for r in records)
     assert any("Worker logs_1.0-w0 ready" in r for r in records)
+    # Each line once (the three ports' uvicorn servers each wrote "Started server process").
+    servers = (" INFO serve.server ", ".error ")
+    lines = [r.split(" ", 2)[2] for r in records if any(s in r for s in servers)]  # no time
+    assert len(lines) == len(set(lines)), [line for line in lines if lines.count(line) > 1]
 
 
 # ----- JSON lines, level DEBUG -------------------------------------------------------------------

@@ -3,7 +3,6 @@ parsed off the event loop, without server paths in the answer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import zipfile
@@ -13,7 +12,7 @@ import pytest
 
 from archiver.workflow import WORKFLOW_MANIFEST_PATH
 from serve.config import Config, ConfigError
-from serve.core.jobs import BatchItem, ItemResult
+from serve.core.jobs import BatchItem, ItemResult, PartQueue
 from serve.core.registry import Registry
 from serve.metrics.prometheus import ServerMetrics
 from serve.wire.errors import BadRequest, ServeError
@@ -219,7 +218,7 @@ class Outputs:
         out = self.outputs[node]
         if isinstance(out, bytes):
             return ItemResult(200, out, None)
-        stream: asyncio.Queue[ItemResult | ServeError | None] = asyncio.Queue()
+        stream = PartQueue()
         for chunk in out[1:]:
             stream.put_nowait(ItemResult(200, chunk, None))
         stream.put_nowait(None)

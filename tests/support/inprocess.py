@@ -38,6 +38,8 @@ def test_config(
         "disable_token_authorization": True,
         "snapshot": False,
         "enable_grpc": False,
+        # The clients below name the apps in Host (http://inference ...): the Host check's names.
+        "allowed_hosts": ["inference", "management", "metrics"],
         **overrides,
     }
     return Config.load(ts_config_file=ts_config, env={}, overrides=values)

@@ -130,8 +130,12 @@
   const COLOURS = ["#c2410c", "#2563eb", "#15803d", "#7c3aed", "#0891b2", "#b91c1c"];
 
   async function pollMetrics() {
-    const response = await fetch(metricsUrl);
-    if (!response.ok) { $("#stats tbody").replaceChildren(el("tr", {}, el("td", { text: "metrics are off" }))); return; }
+    const response = await fetch(metricsUrl, { headers: headers("management") });
+    if (!response.ok) {
+      const why = response.status === 401 ? "metrics need the management token" : "metrics are off";
+      $("#stats tbody").replaceChildren(el("tr", {}, el("td", { text: why })));
+      return;
+    }
     const now = performance.now();
     const summary = LanternMetrics.summarise(LanternMetrics.parse(await response.text()));
     if (traffic.last) {
