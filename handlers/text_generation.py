@@ -105,6 +105,7 @@ class TextGenerationHandler:
         model, tokenizer = load_model(properties["model_dir"], config, device)
         limits = engine_limits(config, model, properties.get("batch_size"))
         self.engine = Engine(model, tokenizer, limits, cuda_graphs=cuda_graphs(config))
+        self.engine.warm_up()
         self.template_timeout = _seconds(config, "chat_template_timeout", TEMPLATE_TIMEOUT)
         self.max_prompt_chars = _max_prompt_chars(config, tokenizer, limits.max_model_len)
         # A body larger than this cannot hold a prompt that fits: the worker loop refuses it

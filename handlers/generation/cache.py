@@ -157,6 +157,14 @@ class BatchCache:
         self.keys.extend(keys)
         self.lengths.extend(lengths)
 
+    def reserve(self, rows: int, columns: int) -> None:
+        """Grow the tensors to at least ``rows`` x ``columns`` now (once a sequence has shown
+        their shapes), rather than as sequences come."""
+        if self.layers:
+            have = self.layers[0][0]
+            if rows > have.shape[0] or columns > have.shape[2]:
+                self._resize(max(rows, have.shape[0]), max(columns, have.shape[2]))
+
     def leave(self, keys: set[str]) -> None:
         """Drop the rows of ``keys``; the last rows move into the holes (one indexed copy per
         layer, however many leave)."""

@@ -41,6 +41,7 @@ from handlers.generation.transfers import to_device
 logger = logging.getLogger(__name__)
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
+WARM_UP = "\x00warm-up"  # the one-token sequence `Engine.warm_up` shapes the cache with
 
 
 @dataclass
@@ -149,6 +150,36 @@ class Engine:
         self.last_step: dict[str, int] = {}
 
     # -- the worker's interface ---------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """With CUDA graphs: reserve the batch cache for the KV budget (the largest captured
+        row count x the budget's share of columns) and capture every decode size now, so that
+        requests do not wait for captures. Called once after loading; nothing on a CPU. A
+        failure only turns the graphs off."""
+        if self.graphs is None:
+            return
+        rows = self.graphs.sizes[-1]
+        columns = min(
+            max(256, -(-self._limits.max_cached_tokens // rows)), self._limits.max_model_len
+        )
+        started = time.perf_counter()
+        with torch.inference_mode():
+            try:
+                state = ChunkState(0, 1, [], keep=True)  # one token shows the cache's shapes
+                token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+                self._forward(token, token, token[0], StepPlan(0, self.batch, [state]))
+                self.batch.join(WARM_UP, state.layers, 1)
+                self.batch.reserve(rows, columns + 1)
+                self.batch.leave({WARM_UP})
+                captured = self.graphs.capture_all(self.batch)
+            except Exception:
+                logger.exception("Warming up the CUDA graphs failed; decode steps run eagerly")
+                self.graphs.enabled = False
+                return
+        logger.info(
+            "CUDA graphs: %d decode sizes (1 to %d rows) captured over %d cache columns in %.1f s",
+            captured, rows, self.batch.layers[0][0].shape[2], time.perf_counter() - started,
+        )  # fmt: skip
 
     def limits(self) -> EngineLimits:
         return self._limits

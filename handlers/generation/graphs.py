@@ -20,6 +20,7 @@ this applies.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,10 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
+class Recorded:
+    """A captured step: ``replay`` runs it again from the static inputs into ``logits``."""
+
+    replay: Callable[[], None]
     logits: torch.Tensor  # (size, vocab), written by each replay
 
 
@@ -71,7 +74,7 @@ class DecodeGraphs:
         self._ids = torch.zeros(largest, dtype=torch.long, device=device)
         self._positions = torch.zeros(largest, dtype=torch.long, device=device)
         self._rows = torch.arange(largest, device=device)
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[int, Recorded] = {}
         self._cache: tuple[int, tuple[int, ...]] | None = None  # what the graphs were taken over
         self._pool: Any = None
         self.enabled = True
@@ -94,11 +97,7 @@ class DecodeGraphs:
         size = self.size_for(len(ids), batch)
         if size is None:
             return None
-        k = batch.layers[0][0]
-        cache = (k.data_ptr(), tuple(k.shape))
-        if cache != self._cache:  # the cache moved: graphs over the old tensors are void
-            self._graphs.clear()
-            self._cache = cache
+        self._over(batch)
         self.stage(batch, ids, size)
         graph = self._graphs.get(size)
         if graph is None:
@@ -106,9 +105,29 @@ class DecodeGraphs:
             if graph is None:
                 return None
         else:
-            graph.graph.replay()
+            graph.replay()
             self.hits += 1
         return graph.logits[: len(ids)]
+
+    def capture_all(self, batch: BatchCache) -> int:
+        """Capture every size the cache's rows allow now, over padding rows only (at load:
+        then no step waits for a capture until the cache grows); how many are held."""
+        self._over(batch)
+        for size in self.sizes:
+            if self.size_for(size, batch) is None or size in self._graphs:
+                continue
+            self.stage(batch, [], size)
+            if self._capture(batch, size) is None:
+                break
+        return len(self._graphs)
+
+    def _over(self, batch: BatchCache) -> None:
+        """Drop the graphs when the cache's tensors are not those they were captured over."""
+        k = batch.layers[0][0]
+        cache = (k.data_ptr(), tuple(k.shape))
+        if cache != self._cache:
+            self._graphs.clear()
+            self._cache = cache
 
     def stage(self, batch: BatchCache, ids: list[int], size: int) -> None:
         """The step's token ids and positions (each row's length) into the static inputs,
@@ -136,32 +155,40 @@ class DecodeGraphs:
         logits: torch.Tensor = out.logits[0]
         return logits
 
-    def _capture(self, batch: BatchCache, size: int) -> _Graph | None:
-        """Run the step eagerly (twice, on a side stream, as capture wants), capture it, replay
-        it and compare: the replay is this step's answer. None (and no more graphs) on any
-        failure; the eager runs only rewrote the same keys at the same places."""
+    def record(self, batch: BatchCache, size: int) -> tuple[torch.Tensor, Recorded]:
+        """The step run eagerly (twice, on a side stream, as capture wants: its logits are
+        the reference), then captured as a CUDA graph."""
         current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            expected = self.forward(batch, size).clone()
+            self.forward(batch, size)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self.forward(batch, size)
+        if self._pool is None:
+            self._pool = graph.pool()
+        return expected, Recorded(graph.replay, logits)
+
+    def _capture(self, batch: BatchCache, size: int) -> Recorded | None:
+        """Record the step, replay it and compare with the eager run: the replay is this step's
+        answer. None (and no more graphs) on any failure; the eager runs only rewrote the same
+        keys at the same places."""
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                expected = self.forward(batch, size).clone()
-                self.forward(batch, size)
-            current.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits = self.forward(batch, size)
-            if self._pool is None:
-                self._pool = graph.pool()
-            graph.replay()
-            if not torch.allclose(logits.float(), expected.float(), rtol=0.02, atol=0.05):
-                raise RuntimeError("the replayed step's logits differ from the eager step's")
+            expected, recorded = self.record(batch, size)
+            recorded.replay()
+            if not torch.allclose(recorded.logits.float(), expected.float(), rtol=0.02, atol=0.05):
+                difference = float((recorded.logits.float() - expected.float()).abs().max())
+                raise RuntimeError(
+                    f"the replayed logits differ from the eager step's by {difference}"
+                )
         except Exception as exc:
             self.enabled = False
             self._graphs.clear()
             logger.warning("CUDA graphs off: capturing a step of %d rows failed: %s", size, exc)
             return None
         self.captures += 1
-        captured = _Graph(graph, logits)
-        self._graphs[size] = captured
-        return captured
+        self._graphs[size] = recorded
+        return recorded

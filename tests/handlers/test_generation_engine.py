@@ -558,3 +558,64 @@ def test_a_captured_decode_step_as_a_graph_holds_it_equals_the_eager_step(model,
         seen[key].extend(outs)
     for i in range(3):
         assert tokens(seen[str(i)]) == reference(model, tokenizer, PROMPTS[i], 24)
+
+
+def test_decode_steps_through_graphs_captured_at_warm_up_equal_generate(model, tokenizer):
+    """The engine with graphs as on a GPU, the graph's recording stood in for by the eager
+    forward into a fixed output (a CPU has no CUDA graphs): `warm_up` reserves the cache and
+    captures every size; sequences joining late, prefilled in chunks beside replayed decode
+    steps, leaving at different steps, give ``generate``'s tokens; the cache never moved."""
+    from handlers.generation.cache import BatchCache
+    from handlers.generation.graphs import DecodeGraphs, Recorded
+
+    class EagerGraphs(DecodeGraphs):
+        def record(self, batch, size):
+            expected = self.forward(batch, size).clone()
+            out = expected.clone()
+
+            def replay() -> None:
+                out.copy_(self.forward(batch, size))
+
+            return expected, Recorded(replay, out)
+
+    engine = make_engine(model, tokenizer, running=6, chunk=8)
+    engine.graphs = EagerGraphs(model, torch.device("cpu"), 6)
+    engine.batch = BatchCache(keep_memory=True)
+    with torch.inference_mode():
+        engine.warm_up()
+    cache = engine.batch.layers[0][0]
+    assert engine.graphs.sizes == [1, 2, 4, 8] and engine.graphs.captures == 4
+    assert cache.shape[0] == 8 and len(engine.batch) == 0
+    lengths = [24, 9, 17, 24]
+    seen: dict[str, list[StepOutput]] = defaultdict(list)
+    for step in range(200):
+        if step < len(PROMPTS):  # one more joins each step
+            params = SamplingParams(max_tokens=lengths[step], temperature=0.0, ignore_eos=True)
+            engine.add(str(step), GenerationRequest(PROMPTS[step], params))
+        for out in engine.step():
+            seen[out.request_id].append(out)
+        if not engine.has_work():
+            break
+    for i, prompt in enumerate(PROMPTS):
+        assert tokens(seen[str(i)]) == reference(model, tokenizer, prompt, lengths[i])
+    assert engine.graphs.hits > 10 and engine.graphs.enabled
+    assert engine.batch.layers[0][0] is cache and engine.stats()["cuda_graph_hits"] > 10
+
+
+def test_a_graph_that_differs_from_the_eager_step_turns_graphs_off(model, tokenizer, caplog):
+    from handlers.generation.cache import BatchCache
+    from handlers.generation.graphs import DecodeGraphs, Recorded
+
+    class WrongGraphs(DecodeGraphs):
+        def record(self, batch, size):
+            expected = self.forward(batch, size).clone()
+            return expected, Recorded(lambda: None, expected + 1.0)
+
+    engine = make_engine(model, tokenizer, chunk=256)
+    engine.graphs = WrongGraphs(model, torch.device("cpu"), 8)
+    engine.batch = BatchCache(keep_memory=True)
+    engine.add("a", GenerationRequest(PROMPTS[1], GREEDY))
+    with caplog.at_level(logging.WARNING):
+        outs = drain(engine)["a"]
+    assert tokens(outs) == reference(model, tokenizer, PROMPTS[1], 24)  # eager, after the check
+    assert not engine.graphs.enabled and "CUDA graphs off" in caplog.text
