@@ -67,6 +67,10 @@ class Config:
     enable_openai_api: bool = True
     number_of_gpu: int | None = None
     cpu_affinity: bool = False
+    # A generative engine's workers keep OpenMP's own wait policy (threads spin between operators)
+    # instead of OMP_WAIT_POLICY=PASSIVE: a few percent faster alone, many times slower beside
+    # other work on the same cores (docs/performance.md, "The engine beside a CPU hog").
+    engine_spin_wait: bool = False
     decode_input_request: bool = True
     # TorchServe's request envelope for every model's handler (handlers/request_envelope.py).
     service_envelope: str | None = None
