@@ -8,6 +8,7 @@ import logging
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,10 @@ class Server:
         state_file: Path | None = None,
         restore_snapshot: bool = True,
         worker_factory: WorkerFactory = spawn_worker,
+        on_started: Callable[[Server], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_started = on_started  # called once the startup models have loaded (or failed)
         self.state_file = state_file
         self.restore_snapshot = restore_snapshot
         self.stop_event = asyncio.Event()
@@ -246,6 +249,8 @@ class Server:
         finally:
             self.state.starting = False
             self._write_state_file()  # tells a waiting `serve start` that loading has ended
+            if self.on_started is not None:
+                self.on_started(self)
 
     async def _register_startup_models(self) -> None:
         from serve.store.snapshot import SnapshotStore
