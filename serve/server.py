@@ -257,6 +257,15 @@ class Server:
 
         snapshots = SnapshotStore(Path(self.config.log_dir) / "config")
         found = snapshots.newest() if self.restore_snapshot and self.config.snapshot else None
+        if found is not None and self.config.load_models:
+            # Models named for this start (--models) win over the snapshot; unlike TorchServe.
+            self.startup.passed_over = str(found[0].resolve())
+            logger.info(
+                "Not restoring the config snapshot %s: loading %s instead",
+                found[0],
+                ",".join(self.config.load_models),
+            )
+            found = None
         if found is not None:
             await self._restore(snapshots, *found)
         elif self.config.model_snapshot:
@@ -277,18 +286,12 @@ class Server:
             self.registry.listeners.append(save)
 
     async def _restore(self, snapshots: Any, path: Path, data: dict[str, Any]) -> None:
-        """TorchServe's rule: without a config file, the last snapshot replaces ``--models``."""
+        """TorchServe's rule: without a config file (and here, without ``--models``), the last
+        snapshot is what loads."""
         failures: list[tuple[str, str]] = []
         restored = await snapshots.restore(self.registry, data, failures)
         self.startup.snapshot = str(path.resolve())
         self.startup.restored = [f"{m.name} {m.version}" for m in restored]
-        self.startup.unused_models = list(self.config.load_models)
-        if self.startup.unused_models:
-            logger.warning(
-                "Models %s were not loaded: the config snapshot %s was restored instead",
-                ",".join(self.startup.unused_models),
-                path,
-            )
         self._restore_failures(restored, failures)
 
     def _restore_failures(
