@@ -193,10 +193,15 @@ class Server:
         """TorchServe's gRPC listeners (``serve/grpc``), unless ``enable_grpc`` is off."""
         if not self.config.enable_grpc:
             return None
-        from serve.grpc.server import GrpcServers
+        from serve.grpc.server import GrpcListenError, GrpcServers
 
         servers = GrpcServers(self.state, self.stop_event)
-        await servers.start()
+        try:
+            await servers.start()
+        except GrpcListenError as exc:  # names the address and why, as for the HTTP ones: exit 4
+            error = ListenError(str(exc))
+            error.errno = exc.errno
+            raise error from exc
         self.addresses.update(servers.addresses)
         return servers
 
