@@ -44,7 +44,8 @@ def create_inference_app(
         )
 
     async def describe_api(request: Request) -> Response:
-        return json_response(inference_description(state.version))
+        generative = state.config.enable_openai_api
+        return json_response(inference_description(state.version, generative=generative))
 
     async def predict(request: Request) -> Response:
         return await _infer(request, explain=False)

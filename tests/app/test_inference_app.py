@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from serve.core.jobs import BatchItem, ItemResult
 from serve.wire.errors import ServeError
@@ -232,6 +233,46 @@ def test_api_description(tmp_path: Path) -> None:
         assert (await infer.get("/api-description")).json() == spec
 
     serve(tmp_path, test)
+
+
+GENERATIVE_PATHS = {
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/openai/v1/models",
+    "/v2/models/{model_name}/generate",
+    "/v2/models/{model_name}/generate_stream",
+}
+
+
+@pytest.mark.parametrize("openai_api", [True, False])
+def test_the_api_description_names_the_routes_served(tmp_path: Path, openai_api: bool) -> None:
+    """The OpenAI and OIP generate routes when they are on (the console's API page reads this),
+    the OIP health routes always; every path it names is answered (not 404 for the route)."""
+
+    async def body() -> None:
+        config = test_config(tmp_path, store_of(tmp_path), enable_openai_api=openai_api)
+        async with in_process(config) as lantern:
+            paths = (await lantern.inference.request("OPTIONS", "/")).json()["paths"]
+            assert {"/v2/health/live", "/v2/health/ready", "/v2/models/{model_name}/ready"} <= set(
+                paths
+            )
+            assert (GENERATIVE_PATHS <= set(paths)) is openai_api
+            assert not (GENERATIVE_PATHS & set(paths)) or openai_api
+            for path, operations in paths.items():
+                if "generate" in path or path.startswith(("/v1/", "/openai/")):
+                    url = path.replace("{model_name}", "nosuchmodel")
+                    for method in operations:
+                        resp = await lantern.inference.request(method.upper(), url, json={})
+                        # A route that exists answers with its own error, never "no such route".
+                        assert resp.status_code != 405, (method, url)
+                        assert "nosuchmodel" in resp.text or resp.status_code != 404, (
+                            method,
+                            url,
+                            resp.text,
+                        )
+
+    run(body)
 
 
 async def never_loads(worker: FakeWorker, items: list[BatchItem]) -> list[ItemResult | ServeError]:
