@@ -181,6 +181,12 @@ class ModelVersion:
     def slots(self) -> list[WorkerSlot]:
         return self.pool.slots
 
+    def max_model_len(self) -> int | None:
+        """The longest sequence (prompt + answer) this version's engine takes, as its workers
+        reported it (the smallest, should they differ); None before one has, or without one."""
+        lengths = [w.limits["max_model_len"] for w in self.workers() if "max_model_len" in w.limits]
+        return min(lengths) if lengths else None
+
     def workers(self) -> list[WorkerInfo]:
         """A snapshot of every worker slot, retiring ones included."""
         return self.pool.infos()

@@ -171,6 +171,14 @@ class _OpenAI:
                 version = params.get("version") or "default"
                 self.state.metrics.request_done(params["model"], version, status, elapsed)
 
+    def _default_chat_length(self, call: oai.GenerationCall) -> None:
+        """OpenAI's chat default: the rest of the context (the engine stops there), bounded by
+        ``openai_chat_max_tokens``; completions keep their default of 16 (the handler's)."""
+        mv, _, _ = self._model(call.model)
+        model_len = mv.max_model_len() if mv.runs_engine else None
+        if model_len is not None:
+            call.body["max_tokens"] = min(self.state.config.openai_chat_max_tokens, model_len)
+
     def _model(self, model: str) -> tuple[ModelVersion, str, str | None]:
         name, version = oai.split_model(model)
         return self.registry.get(name, version), name, version
@@ -192,6 +200,8 @@ class _OpenAI:
         async def answer() -> Response:
             raw = await read_body(request, self.state.config.max_request_size)
             call = parse(raw)
+            if call.chat and "max_tokens" not in call.body:
+                self._default_chat_length(call)
             submitted = self._submit(request, call.model, call.worker_body())
             result = await _while_connected(request, submitted)
             cid = oai.new_id("chatcmpl" if call.chat else "cmpl")
