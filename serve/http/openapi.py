@@ -25,6 +25,8 @@ _ERROR = {
 _INFERENCE: list[tuple[Any, ...]] = [
     ("options", "/", "apiDescription", "Get the API description.", [], []),
     ("get", "/api-description", "apiDescriptionGet", "Get the API description.", [], []),
+    ("get", "/health", "health", "Health as vLLM answers it: an empty 200, or 503.", [], [503]),
+    ("get", "/version", "version", "The server's version (vLLM's route).", [], []),
     (
         "get",
         "/ping",

@@ -298,8 +298,22 @@ def test_ping_turns_unhealthy_when_a_model_fails_to_load(tmp_path: Path) -> None
             resp = await infer.get("/ping")
             assert resp.status_code == 500
             assert resp.json() == {"status": "Unhealthy"}
+            # vLLM's /health says the same, its way: an empty 503 (200 when healthy).
+            health = await infer.get("/health")
+            assert (health.status_code, health.content) == (503, b"")
 
     run(body)
+
+
+def test_health_and_version_as_vllm_answers_them(tmp_path: Path) -> None:
+    async def test(infer: httpx.AsyncClient, lantern: Lantern) -> None:
+        health = await infer.get("/health")
+        assert (health.status_code, health.content) == (200, b"")
+        version = await infer.get("/version")
+        assert version.status_code == 200
+        assert version.json() == {"version": lantern.server.state.version}
+
+    serve(tmp_path, test)
 
 
 def test_ping_is_unhealthy_when_a_startup_model_cannot_be_found(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ The API's logic and errors are in ``tests/app/test_openai_app.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -186,3 +187,31 @@ def test_the_chat_default_length_is_the_rest_of_the_context_up_to_the_cap(
     assert done.usage is not None and done.usage.completion_tokens == 16
     described = httpx.get(f"{server.management}/models/tiny", timeout=30).json()[0]
     assert described["generative"] is True and described["maxModelLen"] == 128
+
+
+def test_what_guidellm_sends_and_checks_first(server: LanternServer) -> None:
+    """GET /health, then a streamed completion with vLLM's continuous_usage_stats: every chunk
+    counts the tokens so far; the last text chunk holds the whole usage."""
+    assert httpx.get(f"{server.inference}/health", timeout=30).status_code == 200
+    version = httpx.get(f"{server.inference}/version", timeout=30).json()["version"]
+    assert version
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "stream": True,
+        "stop": None,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{server.inference}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: {")]
+    chunks = [json.loads(ln[6:]) for ln in lines]
+    counted = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counted == sorted(counted) and counted[-1] == 5
+    final = [c for c in chunks if c["choices"]][-1]
+    assert final["choices"][0]["finish_reason"] == "length"
+    usage = final["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + 5
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage
