@@ -44,8 +44,8 @@ def model_files(path: Path) -> list[Path]:
 
 
 # A GGUF file's quantisation or precision at the end of its name (``.Q4_1``, ``-Q4_K_M``,
-# ``.IQ3_XS``, ``-f16``, ``.bf16``): not part of the model's name.
-_GGUF_TYPE = re.compile(r"[._-](?:I?Q\d+(?:_[A-Z0-9]+)*|F16|F32|BF16)$", re.IGNORECASE)
+# ``.IQ3_XS``, ``-f16``, ``-fp16``, ``.bf16``): not part of the model's name.
+_GGUF_TYPE = re.compile(r"[._-](?:I?Q\d+(?:_[A-Z0-9]+)*|F16|F32|FP16|FP32|BF16)$", re.IGNORECASE)
 
 
 def default_name(path: Path) -> str:

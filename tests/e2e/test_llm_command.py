@@ -27,7 +27,8 @@ def test_the_path_names_the_model_and_its_files(tmp_path: Path) -> None:
     # A GGUF file's quantisation is not part of the name; a folder's name is kept as it is.
     assert default_name(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "SmolLM2-135M-Instruct"
     assert default_name(Path("Llama-3.2-1B-Instruct-Q4_K_M.gguf")) == "Llama-3.2-1B-Instruct"
-    assert default_name(Path("qwen2.5-0.5b-instruct-fp16.gguf")) == "qwen2.5-0.5b-instruct-fp16"
+    assert default_name(Path("qwen2.5-0.5b-instruct-fp16.gguf")) == "qwen2.5-0.5b-instruct"
+    assert default_name(Path("mistral-7b-instruct-v0.2.Q4_K_M.gguf")) == "mistral-7b-instruct-v0.2"
     assert default_name(Path("phi-2.IQ3_XS.gguf")) == "phi-2"
     assert default_name(Path("tiny-f16.gguf")) == "tiny"
     assert default_name(Path("/x/model.Q4_1")) == "model.Q4_1"
