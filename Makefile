@@ -3,6 +3,8 @@ VENV ?= .venv
 # Ray's extra in an environment of its own: it installs a `serve` script of Ray's (see
 # docs/scale-out.md). It reuses .venv's packages (torch) through a .pth file.
 RAY_VENV ?= .venv-ray
+# guidellm (the LLM tools' compatibility tests) likewise: it pins click 8.4.
+LLM_TOOLS_VENV ?= .venv-llmtools
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STORE ?= model_store
@@ -39,8 +41,17 @@ $(RAY_VENV)/.installed: $(VENV)/.installed
 	$(RAY_VENV)/bin/pip install -q -e '.[ray]'
 	touch $@
 
-test: install $(RAY_VENV)/.installed
-	LANTERN_RAY_VENV=$(abspath $(RAY_VENV)) $(BIN)/pytest -q
+$(LLM_TOOLS_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(LLM_TOOLS_VENV)
+	$(BIN)/python -c "import site; print('import site; site.addsitedir(%r)' % site.getsitepackages()[0])" \
+		> "$$($(LLM_TOOLS_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/lantern-base.pth"
+	# pyproject.toml's llm-tools extra, without Lantern itself (the tests run it from .venv).
+	$(LLM_TOOLS_VENV)/bin/pip install -q 'guidellm==0.8.1'
+	touch $@
+
+test: install $(RAY_VENV)/.installed $(LLM_TOOLS_VENV)/.installed
+	LANTERN_RAY_VENV=$(abspath $(RAY_VENV)) LANTERN_LLM_TOOLS_VENV=$(abspath $(LLM_TOOLS_VENV)) \
+		$(BIN)/pytest -q
 
 # The fuzz tests run in `make test` too, bounded; this is their long mode (docs/faults.md).
 fuzz: install

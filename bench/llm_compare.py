@@ -9,8 +9,11 @@ raw batched decode step (``bench.llm --raw``), each in its own process. Each ser
 warmed with one request, driven by ``bench.llm`` at every level (CPU read from its process tree),
 and stopped by PID before the next one starts; with ``--interleave`` all are started first and
 driven in turn at each level (on a machine whose speed drifts during the run, the server that
-happened to run in its slow minutes is not the one that looks slow). ``--json`` keeps every
-figure.
+happened to run in its slow minutes is not the one that looks slow). ``--hogs N`` (the
+contended mode; interleaved) drives every level twice in turn, alone and beside N CPU hogs
+(``bench/hog.py``), and prints a second table for the contended rows; ``--servers
+lantern,lantern-spin`` sets Lantern as shipped beside Lantern with ``engine_spin_wait: true``.
+``--no-limits`` skips the in-process raw step and floor. ``--json`` keeps every figure.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.hog import cpu_hogs
 from bench.llm_stats import median_levels, raw_limits, table
 from bench.server import REPO, LanternProcess
 from handlers.generation.loading import auto_dtype
@@ -100,12 +104,21 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def lantern_up(args: argparse.Namespace, work: Path) -> Iterator[Running]:
-    with LanternProcess(work, args.store, ["smollm2=smollm2.mar"], "auto") as server:
+def lantern_up(args: argparse.Namespace, work: Path, spin: bool = False) -> Iterator[Running]:
+    """Lantern as shipped, or (``spin``) with ``engine_spin_wait: true`` (OpenMP's own wait
+    policy in the engine's worker), each in its own folder."""
+    name = "lantern-spin" if spin else "lantern"
+    folder = work / name
+    extra: list[str] = []
+    if spin:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.yaml").write_text("engine_spin_wait: true\n")
+        extra = ["--config", str(folder / "config.yaml")]
+    with LanternProcess(folder, args.store, ["smollm2=smollm2.mar"], "auto", extra) as server:
         server.start(timeout=args.start_timeout)
         url = f"{server.addresses['inference']}/v1"
         wait_ready(url, "smollm2", None, args.start_timeout)
-        yield Running("lantern", url, "smollm2", server.pid, "ignore_eos", work / "lantern.json")
+        yield Running(name, url, "smollm2", server.pid, "ignore_eos", folder / "levels.json")
 
 
 @contextlib.contextmanager
@@ -159,17 +172,27 @@ def run_servers(
                     drive(args, server, args.concurrency) for _ in range(args.rounds)
                 ]
         return servers
+    hogs = [0, args.hogs] if args.hogs else [0]
     with contextlib.ExitStack() as stack:
         running = [stack.enter_context(up) for up in ups]
         for round_ in range(args.rounds):
             for server in running:
-                servers.setdefault(server.name, []).append([])
+                for count in hogs:
+                    servers.setdefault(contended(server.name, count), []).append([])
             for concurrency in args.concurrency.split(","):
-                for server in running:
-                    servers[server.name][-1].extend(drive(args, server, concurrency))
+                for count in hogs:  # quiet, then beside the hogs: each pair minutes apart
+                    with cpu_hogs(count):
+                        for server in running:
+                            levels = drive(args, server, concurrency)
+                            servers[contended(server.name, count)][-1].extend(levels)
             if round_ + 1 < args.rounds:
                 between_rounds()
     return servers
+
+
+def contended(name: str, hogs: int) -> str:
+    """A server's name in the results: with the CPU hogs it ran beside, if any."""
+    return f"{name} + {hogs} hogs" if hogs else name
 
 
 def in_process(mode: str, folder: Path, args: argparse.Namespace, extra: list[str]) -> Any:
@@ -226,6 +249,18 @@ def main() -> None:
         "biases none)",
     )
     parser.add_argument(
+        "--hogs",
+        type=int,
+        default=0,
+        help="with --interleave, run every level twice, alone and beside this many CPU hogs "
+        "(``while 1: pass``): the contended rows (named '+ N hogs')",
+    )
+    parser.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="skip the raw step and the floor (the in-process limits): servers only",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -239,6 +274,7 @@ def main() -> None:
         "dtype: auto is on this CPU, which Lantern's archive takes)",
     )
     args = parse_with_run_arguments(parser)
+    args.interleave = args.interleave or bool(args.hogs)
     folder = unpack(args.store, args.work)
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     # the raw step before and after the servers (and between interleaved rounds): the machine
@@ -246,13 +282,14 @@ def main() -> None:
     raws: list[Any] = []
 
     def measure_raw() -> None:
-        raws.append(in_process("--raw", folder, args, ["--concurrency", args.concurrency]))
+        if not args.no_limits:
+            raws.append(in_process("--raw", folder, args, ["--concurrency", args.concurrency]))
 
     measure_raw()
     ups: list[contextlib.AbstractContextManager[Running]] = []
     for name in args.servers.split(","):
-        if name == "lantern":
-            ups.append(lantern_up(args, args.work))
+        if name in ("lantern", "lantern-spin"):
+            ups.append(lantern_up(args, args.work, spin=name == "lantern-spin"))
         elif name == "transformers":
             ups.append(transformers_up(args, args.work, folder))
         elif name == "llamacpp":
@@ -260,14 +297,20 @@ def main() -> None:
                 parser.error("llamacpp needs --llamacpp-python")
             ups.append(llamacpp_up(args, args.work, args.gguf or smollm2_gguf()))
     rounds = run_servers(args, ups, measure_raw)
-    floor = in_process("--floor", folder, args, ["--requests", "8"])
+    floor = None if args.no_limits else in_process("--floor", folder, args, ["--requests", "8"])
     measure_raw()
     servers = {name: median_levels(levels) for name, levels in rounds.items()}
     results |= {"servers": servers, "rounds": rounds, "floor": floor, "raw": raws}
     results["load_after"] = os.getloadavg()
-    limits = raw_limits(raws)
-    print("\n".join(table(servers, limits["tokens_per_s"], answers=limits["answers_tokens_per_s"],
-                           engine=limits["engine_tokens_per_s"])))  # fmt: skip
+    limits = raw_limits(raws) if raws else {}
+    quiet = {name: levels for name, levels in servers.items() if "hogs" not in name}
+    print("\n".join(table(quiet, limits.get("tokens_per_s"),
+                           answers=limits.get("answers_tokens_per_s"),
+                           engine=limits.get("engine_tokens_per_s"))))  # fmt: skip
+    if args.hogs:
+        busy = {name: levels for name, levels in servers.items() if "hogs" in name}
+        print(f"\nbeside {args.hogs} CPU hogs:")
+        print("\n".join(table(busy, baseline=contended("lantern", args.hogs))))
     print(f"floor: {json.dumps(floor)}")
     for i, raw in enumerate(raws):
         print(f"raw {i + 1} of {len(raws)}: {json.dumps(raw['levels'])}")

@@ -140,9 +140,20 @@ def _latency(ax: Any, model: str, rows: list[dict[str, Any]]) -> None:
     ax.invert_yaxis()
     if measured:
         ax.set_xscale("log")
-    ax.set_xlabel("ms (bar p50, dot p90, tick p99)")
+    ax.set_xlabel(latency_axis(measured))
     ax.set_title(model, loc="left", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
+
+
+def latency_axis(rows: list[dict[str, Any]]) -> str:
+    """The latency axis's label: the marks the chart draws, and only those (a run transcribed
+    from tables may give p50 alone)."""
+    marks = ["bar p50"]
+    if any(r.get("p90_ms") is not None for r in rows):
+        marks.append("dot p90")
+    if any(r.get("p99_ms") is not None for r in rows):
+        marks.append("tick p99")
+    return f"ms ({', '.join(marks)})"
 
 
 def _figure(value: float) -> str:

@@ -69,8 +69,15 @@ class Config:
     enable_metrics_api: bool = True
     # The OpenAI-compatible API on the inference port (serve/http/openai.py, docs/llm.md).
     enable_openai_api: bool = True
+    # A chat completion without max_tokens answers up to the rest of the model's context, as
+    # OpenAI's does, but at most this many tokens (each answer reserves its KV cache up front).
+    openai_chat_max_tokens: int = 2048
     number_of_gpu: int | None = None
     cpu_affinity: bool = False
+    # A generative engine's workers keep OpenMP's own wait policy (threads spin between operators)
+    # instead of OMP_WAIT_POLICY=PASSIVE: a few percent faster alone, many times slower beside
+    # other work on the same cores (docs/performance.md, "The engine beside a CPU hog").
+    engine_spin_wait: bool = False
     decode_input_request: bool = True
     # TorchServe's request envelope for every model's handler (handlers/request_envelope.py).
     service_envelope: str | None = None

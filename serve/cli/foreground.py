@@ -7,19 +7,30 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serve.cli.control import CliError
 from serve.cli.startup_report import EXIT_ADDRESS_IN_USE, EXIT_USAGE
 from serve.config import Config, ConfigError
 
+if TYPE_CHECKING:
+    from serve.server import Server
+
 # Set in the environment of the child a detached ``serve start`` runs.
 DETACHED_ENV = "_LANTERN_DETACHED"
 
 
-def run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
-    """Run the frontend here until it stops (``serve start --foreground``, ``serve kserve``)."""
+def run_foreground(
+    config: Config,
+    state_file: Path,
+    *,
+    restore: bool,
+    on_started: Callable[[Server], None] | None = None,
+) -> None:
+    """Run the frontend here until it stops (``serve start --foreground``, ``serve kserve``);
+    ``on_started`` is called once the startup models have loaded or failed (``serve llm``)."""
     from serve.logs import setup_logging
     from serve.server import Server
 
@@ -42,7 +53,9 @@ def run_foreground(config: Config, state_file: Path, *, restore: bool) -> None:
     )
 
     async def run() -> None:
-        server = Server(config, state_file=state_file, restore_snapshot=restore)
+        server = Server(
+            config, state_file=state_file, restore_snapshot=restore, on_started=on_started
+        )
         await server.serve()
 
     from serve.server import ListenError

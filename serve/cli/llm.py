@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from serve.cli.control import CliError
 from serve.cli.foreground import run_foreground
 from serve.cli.startup_report import EXIT_USAGE
 from serve.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from serve.server import Server
 
 # model-config.yaml of the archive: one worker, the engine's defaults (docs/generation.md); a
 # .gguf file is dequantised on every start, which takes minutes on a small, busy machine.
@@ -40,17 +43,33 @@ def model_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_file())
 
 
+# A GGUF file's quantisation or precision at the end of its name (``.Q4_1``, ``-Q4_K_M``,
+# ``.IQ3_XS``, ``-f16``, ``-fp16``, ``.bf16``): not part of the model's name.
+_GGUF_TYPE = re.compile(r"[._-](?:I?Q\d+(?:_[A-Z0-9]+)*|F16|F32|FP16|FP32|BF16)$", re.IGNORECASE)
+
+
 def default_name(path: Path) -> str:
-    """A model name from the file or folder name: letters, digits, ``_``, ``-`` and ``.``."""
+    """A model name from the file or folder name, less a GGUF file's quantisation: letters,
+    digits, ``_``, ``-`` and ``.``."""
     stem = path.name.removesuffix(".gguf")
+    if path.name.endswith(".gguf"):
+        stem = _GGUF_TYPE.sub("", stem)
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "llm"
 
 
-def archive_llm(path: Path, name: str, model_store: Path) -> Path:
-    """Write ``model_store/NAME.mar`` with the ``text_generation`` handler; its path."""
+def archive_llm(path: Path, name: str, model_store: Path, *, force: bool = False) -> Path:
+    """Write ``model_store/NAME.mar`` with the ``text_generation`` handler; its path. An archive
+    already there is kept (`CliError`) unless ``force``, as ``model-archiver`` does."""
     from archiver import build
 
     files = model_files(path)
+    existing = model_store / f"{name}.mar"
+    if existing.exists() and not force:
+        raise CliError(
+            f"{existing} already exists: --force replaces it; to serve it as it is:\n"
+            f"  serve start --model-store {model_store} --models {name}={name}.mar",
+            EXIT_USAGE,
+        )
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         config_file = Path(tmp) / "model-config.yaml"
@@ -96,13 +115,24 @@ def _model_name(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--metrics-address", default=None, help="e.g. http://127.0.0.1:8082")
 @click.option("--disable-token-auth", is_flag=True, help="Serve without token authorization.")
 @click.option("--pid-file", default=None, help="The server record (default: the usual one).")
+@click.option("--force", is_flag=True, help="Replace an archive of that name in the store.")
 def llm(
-    path: Path, name: str | None, model_store: Path, pid_file: str | None, **options: Any
+    path: Path,
+    name: str | None,
+    model_store: Path,
+    pid_file: str | None,
+    force: bool,
+    **options: Any,
 ) -> None:
     """Archive PATH for the text_generation handler and serve it in the foreground."""
     name = name or default_name(path)
-    written = archive_llm(path, name, model_store)
+    written = archive_llm(path, name, model_store, force=force)
     click.echo(f"Wrote {written}; serving it as {name!r} (OpenAI API under /v1).")
+    click.echo(
+        "Loading it: a .gguf file is dequantised first, a minute or more on a small machine."
+        if path.is_file()
+        else "Loading it."
+    )
     overrides: dict[str, Any] = {
         "model_store": str(model_store),
         "load_models": [f"{name}={written.name}"],
@@ -117,4 +147,40 @@ def llm(
         raise CliError(str(exc), EXIT_USAGE) from exc
     state_file = server_record.record_path(pid_file)
     control.refuse_if_running(state_file)
-    run_foreground(config, state_file, restore=False)
+    run_foreground(
+        config, state_file, restore=False, on_started=lambda server: _tell_ready(server, name)
+    )
+
+
+def _tell_ready(server: Server, name: str) -> None:
+    """Print what a user pastes next: the model's name, the base URL and the key."""
+    failed = dict(server.startup.failed)
+    if name in failed:
+        click.echo(f"{name!r} did not load: {failed[name]}", err=True)
+        return
+    key_file = server.state.auth.key_file if server.state.auth is not None else None
+    expires = server.config.token_expiration_min
+    click.echo("\n".join(ready_lines(name, server.addresses["inference"], key_file, expires)))
+
+
+def ready_lines(
+    name: str, inference: str, key_file: Path | None, expires_min: float = 60
+) -> list[str]:
+    """The lines `serve llm` prints once its model is ready (pure, for the tests)."""
+    base = f"{inference}/v1"
+    lines = [f"Ready: model {name!r} at {base}", f"  export OPENAI_BASE_URL={base}"]
+    if key_file is None:
+        lines.append("  export OPENAI_API_KEY=none  # token auth is off: any key will do")
+    else:
+        read = f"import json; print(json.load(open('{key_file}'))['inference']['key'])"
+        lines.append(f'  export OPENAI_API_KEY=$(python3 -c "{read}")')
+        lines.append(
+            f"  # the inference key of {key_file}: it expires in {expires_min:g} minutes "
+            "(docs/llm.md); --disable-token-auth serves without one"
+        )
+    body = f'{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+    lines.append(
+        f'  curl {base}/chat/completions -H "Authorization: Bearer $OPENAI_API_KEY" '
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+    return lines

@@ -113,6 +113,18 @@ def main() -> None:
     default=None,
     help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
 )
+@click.option(
+    "--grpc-inference-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="gRPC inference port (grpc_inference_port; default 7070, 0: a free one).",
+)
+@click.option(
+    "--grpc-management-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="gRPC management port (grpc_management_port; default 7071, 0: a free one).",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -164,6 +176,8 @@ def _load_config(options: dict[str, Any]) -> Config:
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
         "watch_model_store": options["watch"],
+        "grpc_inference_port": options["grpc_inference_port"],
+        "grpc_management_port": options["grpc_management_port"],
     }
     if options["models"]:
         overrides["load_models"] = list(options["models"])

@@ -21,11 +21,12 @@ EXIT_MODELS_FAILED = 5  # the server runs, but at least one startup model did no
 
 @dataclass
 class StartupReport:
-    """The snapshot restored (if any), the models it brought back, and every model that failed."""
+    """The snapshot restored (if any), the models it brought back, the snapshot passed over for
+    ``--models``, and every model that failed."""
 
     snapshot: str | None = None  # the snapshot file restored
     restored: list[str] = field(default_factory=list)  # "name version" of each restored model
-    unused_models: list[str] = field(default_factory=list)  # --models ignored for the snapshot
+    passed_over: str | None = None  # the newest snapshot, not restored: --models named the models
     failed: list[tuple[str, str]] = field(default_factory=list)  # (model, reason)
 
     def fail(self, model: str, reason: str) -> None:
@@ -40,23 +41,23 @@ class StartupReport:
         return cls(
             snapshot=data.get("snapshot"),
             restored=list(data.get("restored") or []),
-            unused_models=list(data.get("unused_models") or []),
+            passed_over=data.get("passed_over"),
             failed=[(str(m), str(r)) for m, r in data.get("failed") or []],
         )
 
 
 def report_lines(report: StartupReport) -> list[str]:
-    """The lines ``serve start`` prints about the snapshot it restored (none when none was)."""
+    """The lines ``serve start`` prints about the snapshot it restored or passed over (none
+    when there was none)."""
+    if report.passed_over is not None:
+        return [
+            f"Not restored: snapshot {report.passed_over}; --models names the models to load "
+            "(a start without --models restores the newest snapshot)."
+        ]
     if report.snapshot is None:
         return []
     brought = ", ".join(report.restored) if report.restored else "no models"
-    lines = [f"Restored snapshot {report.snapshot}: {brought}."]
-    if report.unused_models:
-        lines.append(
-            f"Warning: --models {','.join(report.unused_models)} was not used: the snapshot was "
-            "restored instead; start with --ncs (or --config/--ts-config) to load --models."
-        )
-    return lines
+    return [f"Restored snapshot {report.snapshot}: {brought}."]
 
 
 def failure_lines(report: StartupReport) -> list[str]:

@@ -32,6 +32,9 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
         "parallelLevel": 0,
         "deviceType": s.device_type or ("gpu" if any(w["gpu"] for w in workers) else "cpu"),
         "continuousBatching": model.sequences.continuous,  # with or without sequences
+        # Lantern's: a generative engine's model (the OpenAI and generate routes, the console's
+        # chat); maxModelLen is its longest sequence, once a worker has reported it.
+        "generative": model.runs_engine,
         "useJobTicket": False,
         "useVenv": False,
         # Sequence batching (serve.core.sequences); all 0 for a model without, as in TorchServe.
@@ -49,6 +52,8 @@ def describe_model(model: ModelVersion) -> dict[str, Any]:
     }
     if s.device_ids:
         data["deviceIds"] = s.device_ids
+    if model.runs_engine and model.max_model_len() is not None:
+        data["maxModelLen"] = model.max_model_len()
     return data
 
 

@@ -72,9 +72,9 @@ def spawn_worker(model: ModelVersion, slot: WorkerSlot) -> WorkerProcess:
         model.worker_spec(slot),
         model.socket_dir,
         env=model.worker_env(),
-        # A generative engine's worker starts cold (`ModelVersion.worker_env`), and what it
+        # A spinning engine's worker starts cold (`ModelVersion.worker_env`), and what it
         # imports teaches the spares nothing: no spare is made for it.
-        spares=None if model.runs_engine else model.spares,
+        spares=None if model.spins else model.spares,
         use_spare=model.loads_torch(),
         arena_bytes=config.worker_shm_arena_mb << 20,
         arena_threshold=config.worker_shm_threshold_kb << 10,
@@ -181,6 +181,12 @@ class ModelVersion:
     @property
     def slots(self) -> list[WorkerSlot]:
         return self.pool.slots
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence (prompt + answer) this version's engine takes, as its workers
+        reported it (the smallest, should they differ); None before one has, or without one."""
+        lengths = [w.limits["max_model_len"] for w in self.workers() if "max_model_len" in w.limits]
+        return min(lengths) if lengths else None
 
     def workers(self) -> list[WorkerInfo]:
         """A snapshot of every worker slot, retiring ones included."""
@@ -363,17 +369,24 @@ class ModelVersion:
         start = (slot.index * per) % len(cpus)
         return [cpus[(start + i) % len(cpus)] for i in range(min(per, len(cpus)))]
 
+    @property
+    def spins(self) -> bool:
+        """Whether this version's workers keep OpenMP's own (spinning) wait policy: a generative
+        engine's, when the operator asks for it (``engine_spin_wait``)."""
+        return self.runs_engine and self.config.engine_spin_wait
+
     def worker_env(self) -> dict[str, str]:
         """A worker's environment: the server's (`worker_base_env`) with its thread share.
 
-        A generative engine's worker keeps OpenMP's own wait policy (its threads spin briefly
-        between operators): it runs one forward pass after another on its cores, where
-        ``OMP_WAIT_POLICY=PASSIVE`` made every decode step 15% slower (SmolLM2, 2 threads,
-        bfloat16: 33 -> 38 ms at 1 sequence, 64 -> 73 ms at 32). Such a worker starts cold, not
-        from a spare, whose OpenMP runtime already read the passive policy when it imported torch.
+        Every worker gets ``OMP_WAIT_POLICY=PASSIVE`` unless the server's environment sets it. A
+        generative engine runs one forward pass after another, where OpenMP's own policy (its
+        threads spin between operators) was a few percent faster on a quiet machine, but beside
+        any other work on the same cores each step took many times longer (docs/performance.md):
+        only ``engine_spin_wait`` keeps it. Such a worker starts cold, not from a spare, whose
+        OpenMP runtime already read the passive policy when it imported torch.
         """
         env = worker_base_env(self.config)  # blacklist, OMP_WAIT_POLICY, unbuffered output
-        if self.runs_engine and "OMP_WAIT_POLICY" not in os.environ:
+        if self.spins and "OMP_WAIT_POLICY" not in os.environ:
             del env["OMP_WAIT_POLICY"]
         threads = str(self.threads_per_worker())
         for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

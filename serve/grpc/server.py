@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,11 @@ class GrpcServers:
             bound = 0
         if bound == 0:
             await self.stop(0)
-            raise OSError(f"Cannot listen for gRPC {name.split('_')[1]} on {target}")
+            cause = _bind_failure(host, port)  # grpc says only that it could not
+            reason = (cause.strerror or str(cause)) if cause else "grpc could not bind it"
+            error = GrpcListenError(f"Cannot listen on {name} address {target}: {reason}")
+            error.errno = cause.errno if cause else None
+            raise error
         await server.start()
         self._servers.append(server)
         shown = f"[{host}]" if ":" in host else host
@@ -126,3 +131,21 @@ def _credentials(config: Any) -> grpc.ServerCredentials:
     assert config.private_key_file and config.certificate_file  # Config.validate
     key = Path(config.private_key_file).read_bytes()
     return grpc.ssl_server_credentials([(key, Path(config.certificate_file).read_bytes())])
+
+
+class GrpcListenError(OSError):
+    """A gRPC address that cannot be listened on; the message names it and why."""
+
+
+def _bind_failure(host: str, port: int) -> OSError | None:
+    """Why ``host:port`` cannot be listened on (e.g. "Address already in use"), learnt by trying
+    as grpc does (with ``SO_REUSEADDR``); None if it can now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+            probe.listen(1)
+    except OSError as exc:
+        return exc
+    return None

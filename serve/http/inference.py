@@ -36,15 +36,26 @@ def create_inference_app(
 ) -> InferenceApp:
     """The inference app; protocol modules add their routes through ``extra_routes``."""
 
-    async def ping(request: Request) -> Response:
+    def healthy() -> bool:
         # Unhealthy while startup models load, and for good if one could not even be registered.
-        healthy = not state.starting and not state.startup_failures and state.registry.is_healthy()
-        return json_response(
-            {"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500
-        )
+        return not state.starting and not state.startup_failures and state.registry.is_healthy()
+
+    async def ping(request: Request) -> Response:
+        ok = healthy()
+        return json_response({"status": "Healthy" if ok else "Unhealthy"}, 200 if ok else 500)
+
+    async def health(request: Request) -> Response:
+        """vLLM's (and TGI's) ``GET /health``, which LLM tools check first: an empty 200 when
+        /ping would say Healthy, else 503."""
+        return Response(status_code=200 if healthy() else 503)
+
+    async def version(request: Request) -> Response:
+        """vLLM's ``GET /version``: the server's version."""
+        return json_response({"version": state.version})
 
     async def describe_api(request: Request) -> Response:
-        return json_response(inference_description(state.version))
+        generative = state.config.enable_openai_api
+        return json_response(inference_description(state.version, generative=generative))
 
     async def predict(request: Request) -> Response:
         return await _infer(request, explain=False)
@@ -85,6 +96,8 @@ def create_inference_app(
 
     routes: list[BaseRoute] = [
         Route("/ping", ping, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/", describe_api, methods=["OPTIONS"]),
         Route("/api-description", describe_api, methods=["GET"]),
     ]

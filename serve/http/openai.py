@@ -184,6 +184,19 @@ class _OpenAI:
                 version = params.get("version") or "default"
                 self.state.metrics.request_done(params["model"], version, status, elapsed)
 
+    def _with_chat_length(self, call: oai.GenerationCall, body: bytes) -> bytes:
+        """The worker's body, with OpenAI's chat default length where the request gives none:
+        the rest of the context (the engine stops there), bounded by ``openai_chat_max_tokens``.
+        Completions keep their default of 16 (the handler's)."""
+        if not call.chat or "max_tokens" in call.body:
+            return body
+        mv, _, _ = self._model(call.model)
+        model_len = mv.max_model_len() if mv.runs_engine else None
+        if model_len is None:
+            return body
+        longest = min(self.state.config.openai_chat_max_tokens, model_len)
+        return json.dumps({**call.body, "max_tokens": longest}).encode()
+
     def _model(self, model: str) -> tuple[ModelVersion, str, str | None]:
         name, version = oai.split_model(model)
         return self.registry.get(name, version), name, version
@@ -205,6 +218,7 @@ class _OpenAI:
         async def answer() -> Response:
             raw = await read_body(request, self.state.config.max_request_size)
             call, worker_body = await run_big(len(raw), _decode_generation, parse, raw)
+            worker_body = self._with_chat_length(call, worker_body)
             submitted = self._submit(request, call.model, worker_body)
             result = await _while_connected(request, submitted)
             cid = oai.new_id("chatcmpl" if call.chat else "cmpl")
@@ -229,21 +243,34 @@ class _OpenAI:
         _check_generated(call.model, first, head)
 
         async def events() -> AsyncIterator[bytes]:
+            completion = 0  # tokens streamed so far (continuous_usage_stats)
             if call.chat:
-                yield oai.sse(oai.chunk_body(call, cid, created, role=True, text=""))
+                running = oai.running_usage({}, completion)
+                yield oai.sse(
+                    oai.chunk_body(call, cid, created, role=True, text="", running=running)
+                )
             data = head
             offset = 0  # the completions API's text_offset: its tokens' text so far
             try:
                 while True:
                     if data is not None:
+                        completion += len(data.get("tokens") or [])
+                        running = oai.running_usage(data, completion)
                         text = data.get("text") or ""
                         logprobs = oai.logprobs_body(call, data.get("logprobs"), offset)
                         if logprobs is not None and not call.chat:
                             offset += sum(len(token) for token in logprobs["tokens"])
                         if _is_final(data):
                             reason = oai.finish_reason(data)
+                            running = dict(oai.usage(data))  # the final part: the whole
                             chunk = oai.chunk_body(
-                                call, cid, created, text=text, reason=reason, logprobs=logprobs
+                                call,
+                                cid,
+                                created,
+                                text=text,
+                                reason=reason,
+                                logprobs=logprobs,
+                                running=running,
                             )
                             yield oai.sse(chunk)
                             if call.include_usage:
@@ -251,7 +278,9 @@ class _OpenAI:
                                 yield oai.sse(oai.chunk_body(call, cid, created, usage_=usage))
                             break
                         if text or logprobs:
-                            chunk = oai.chunk_body(call, cid, created, text=text, logprobs=logprobs)
+                            chunk = oai.chunk_body(
+                                call, cid, created, text=text, logprobs=logprobs, running=running
+                            )
                             yield oai.sse(chunk)
                     try:
                         data = _answer(await anext(parts))

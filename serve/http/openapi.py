@@ -25,6 +25,8 @@ _ERROR = {
 _INFERENCE: list[tuple[Any, ...]] = [
     ("options", "/", "apiDescription", "Get the API description.", [], []),
     ("get", "/api-description", "apiDescriptionGet", "Get the API description.", [], []),
+    ("get", "/health", "health", "Health as vLLM answers it: an empty 200, or 503.", [], [503]),
+    ("get", "/version", "version", "The server's version (vLLM's route).", [], []),
     (
         "get",
         "/ping",
@@ -88,6 +90,69 @@ _INFERENCE: list[tuple[Any, ...]] = [
         "Open Inference Protocol explain (KServe's explainer route).",
         [],
         [400, 404, 429, 500, 501, 503, 504],
+    ),
+]
+
+# Health and metadata of the Open Inference Protocol (KServe v2), always served.
+_OIP_HEALTH: list[tuple[Any, ...]] = [
+    ("get", "/v2", "oip_server_metadata", "Open Inference Protocol server metadata.", [], []),
+    ("get", "/v2/health/live", "oip_live", "Open Inference Protocol liveness.", [], []),
+    ("get", "/v2/health/ready", "oip_ready", "Open Inference Protocol readiness.", [], [503]),
+    (
+        "get",
+        "/v2/models/{model_name}/ready",
+        "oip_model_ready",
+        "Open Inference Protocol: is the model ready.",
+        [],
+        [404, 503],
+    ),
+]
+
+# The generative routes (``enable_openai_api``): OpenAI's under /v1 (and /openai/v1) and the
+# Open Inference Protocol's generate extension; docs/llm.md.
+_OPENAI_ERRORS = [400, 401, 404, 413, 429, 500, 503, 504, 507]
+_GENERATIVE: list[tuple[Any, ...]] = [
+    (
+        "post",
+        "/v1/completions",
+        "openai_completions",
+        "OpenAI completions (streamed with stream: true, as server-sent events).",
+        [],
+        _OPENAI_ERRORS,
+    ),
+    (
+        "post",
+        "/v1/chat/completions",
+        "openai_chat_completions",
+        "OpenAI chat completions (streamed with stream: true, as server-sent events).",
+        [],
+        _OPENAI_ERRORS,
+    ),
+    ("post", "/v1/embeddings", "openai_embeddings", "OpenAI embeddings.", [], _OPENAI_ERRORS),
+    ("get", "/openai/v1/models", "openai_models", "OpenAI: the models served.", [], []),
+    (
+        "get",
+        "/openai/v1/models/{model_name}",
+        "openai_model",
+        "OpenAI: one model (also /v1/models for OpenAI clients).",
+        [],
+        [404],
+    ),
+    (
+        "post",
+        "/v2/models/{model_name}/generate",
+        "oip_generate",
+        "Open Inference Protocol generate: one answer.",
+        [],
+        [400, 404, 429, 500, 503, 504],
+    ),
+    (
+        "post",
+        "/v2/models/{model_name}/generate_stream",
+        "oip_generate_stream",
+        "Open Inference Protocol generate: the answer as server-sent events.",
+        [],
+        [400, 404, 429, 500, 503, 504],
     ),
 ]
 
@@ -326,7 +391,45 @@ _OIP_BODY = {
         }
     },
 }
+
+
+def _json_body(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {"role": {"type": "string"}, "content": {}},
+}
+_SAMPLING = {
+    "max_tokens": {"type": "integer"},
+    "temperature": {"type": "number"},
+    "top_p": {"type": "number"},
+    "stop": {},
+    "stream": {"type": "boolean"},
+    "seed": {"type": "integer"},
+}
 _BODIES: dict[str, dict[str, Any]] = {
+    "openai_completions": _json_body(
+        ["model", "prompt"], {"model": {"type": "string"}, "prompt": {}, **_SAMPLING}
+    ),
+    "openai_chat_completions": _json_body(
+        ["model", "messages"],
+        {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": _MESSAGE},
+            **_SAMPLING,
+        },
+    ),
+    "openai_embeddings": _json_body(["model", "input"], {"model": {"type": "string"}, "input": {}}),
+    "oip_generate": _json_body(
+        ["text_input"], {"text_input": {"type": "string"}, "parameters": {"type": "object"}}
+    ),
+    "oip_generate_stream": _json_body(
+        ["text_input"], {"text_input": {"type": "string"}, "parameters": {"type": "object"}}
+    ),
     "predictions": _ANY_BODY,
     "version_predictions": _ANY_BODY,
     "explanations": _ANY_BODY,
@@ -365,8 +468,11 @@ def _build(title: str, version: str, operations: list[tuple[Any, ...]]) -> dict[
     return {"openapi": "3.0.1", "info": {"title": title, "version": version}, "paths": paths}
 
 
-def inference_description(version: str) -> dict[str, Any]:
-    return _build("Lantern Inference API", version, _INFERENCE)
+def inference_description(version: str, *, generative: bool = True) -> dict[str, Any]:
+    """The inference port's routes; the OpenAI and generate routes when they are served
+    (``enable_openai_api``)."""
+    operations = _INFERENCE + _OIP_HEALTH + (_GENERATIVE if generative else [])
+    return _build("Lantern Inference API", version, operations)
 
 
 def management_description(version: str) -> dict[str, Any]:

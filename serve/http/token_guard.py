@@ -18,9 +18,11 @@ from serve.http.common import json_response
 from serve.http.edge import answer_error
 from serve.wire.errors import MethodNotAllowed, ServeError
 
-# Health, readiness and API descriptions answer without a token (TorchServe guards /ping).
+# Health, readiness, the version and API descriptions answer without a token (TorchServe
+# guards /ping; vLLM leaves /health and /version open).
 _OPEN_PATHS = re.compile(
-    r"^/(ping|api-description|v2/health/(live|ready)|v2/models/[^/]+(/versions/[^/]+)?/ready"
+    r"^/(ping|health|version|api-description|v2/health/(live|ready)"
+    r"|v2/models/[^/]+(/versions/[^/]+)?/ready"
     r"|v2/?)$"
 )
 # KServe v1 model readiness (GET /v1/models/{m}); `m:predict` and friends are POSTs and guarded.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import time
 import uuid
@@ -64,8 +65,19 @@ GENERATE_LISTS: ListBounds = {
     ("parameters", "stop"): MAX_GENERATE_STOP,
     ("parameters", "stop_token_ids"): MAX_STOP_TOKEN_IDS,
 }
-# Fields OpenAI defines that change nothing here (identification, hints).
-_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+# Fields OpenAI defines that change nothing here (identification, caching and routing hints),
+# accepted and ignored as OpenAI's own server and vLLM's do; a field nobody defines is a 400.
+_IGNORED = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
 # Fields accepted only at the value that means "nothing special".
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -76,7 +88,24 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
 }
+# OpenAI's documented ranges, checked here so that the 400 names the field (``param``):
+# name -> (low, high, integers only); None for no bound on that side.
+_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "temperature": (0, 2, False),
+    "top_p": (0, 1, False),
+    "presence_penalty": (-2, 2, False),
+    "frequency_penalty": (-2, 2, False),
+    "max_tokens": (1, None, True),
+    "max_completion_tokens": (1, None, True),
+    "seed": (0, 2**64 - 1, True),
+    "top_logprobs": (0, 20, True),
+}
+# stream_options: OpenAI's include_usage and include_obfuscation (there is no obfuscation to
+# turn off here), vLLM's continuous_usage_stats (usage in every chunk).
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
 
 
 class OpenAIError(BadRequest):
@@ -108,6 +137,7 @@ class GenerationCall:
     stream: bool
     include_usage: bool
     body: dict[str, Any] = field(default_factory=dict)
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage in every chunk
 
     def worker_body(self) -> bytes:
         return json.dumps(self.body).encode()
@@ -194,11 +224,39 @@ def _include_usage(data: dict[str, Any], stream: bool) -> bool:
     options = data.get("stream_options")
     if options is None:
         return False
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise OpenAIError("'stream_options' must be {\"include_usage\": bool}.", "stream_options")
+    if not isinstance(options, dict) or set(options) - _STREAM_OPTIONS:
+        names = ", ".join(sorted(_STREAM_OPTIONS))
+        raise OpenAIError(f"'stream_options' takes {names} (booleans).", "stream_options")
     if not stream:
         raise OpenAIError("'stream_options' is only allowed with 'stream': true.", "stream_options")
+    for name in _STREAM_OPTIONS:
+        _bool(options, name)
     return _bool(options, "include_usage")
+
+
+def _continuous_usage(data: dict[str, Any], stream: bool) -> bool:
+    """vLLM's ``stream_options.continuous_usage_stats``: with ``include_usage``, usage in every
+    chunk (checked by `_include_usage`)."""
+    options = data.get("stream_options") or {}
+    return _include_usage(data, stream) and options.get("continuous_usage_stats") is True
+
+
+def _check_ranges(data: dict[str, Any]) -> None:
+    """OpenAI's documented ranges (`_RANGES`), as a 400 naming the field."""
+    for name, (low, high, integer) in _RANGES.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        kind = "an integer" if integer else "a number"
+        wrong_type = isinstance(value, bool) or not isinstance(
+            value, int if integer else (int, float)
+        )
+        if wrong_type or (low is not None and value < low) or (high is not None and value > high):
+            bounds = f" from {low}" + (f" to {high}" if high is not None else "")
+            shown = json.dumps(value)[:40]
+            raise OpenAIError(f"'{name}' must be {kind}{bounds}, got {shown}.", name)
+    if data.get("top_p") == 0:
+        raise OpenAIError("'top_p' must be greater than 0.", "top_p")
 
 
 def parse_completion(raw: bytes) -> GenerationCall:
@@ -206,6 +264,7 @@ def parse_completion(raw: bytes) -> GenerationCall:
     data = _object(raw, COMPLETION_LISTS)
     allowed = _SAMPLING | {"model", "prompt", "stream", "stream_options", "logprobs"}
     _check_fields(data, allowed)
+    _check_ranges(data)
     prompt = data.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -218,7 +277,8 @@ def parse_completion(raw: bytes) -> GenerationCall:
     body.update(prompt=prompt, stream=stream)
     if data.get("logprobs") is not None:
         body["logprobs"] = data["logprobs"]
-    return GenerationCall(_model(data), False, stream, _include_usage(data, stream), body)
+    include, continuous = _include_usage(data, stream), _continuous_usage(data, stream)
+    return GenerationCall(_model(data), False, stream, include, body, continuous)
 
 
 def _message(index: int, message: Any) -> dict[str, str]:
@@ -256,6 +316,7 @@ def parse_chat(raw: bytes) -> GenerationCall:
         "max_completion_tokens",
     }
     _check_fields(data, allowed)
+    _check_ranges(data)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("'messages' must be a non-empty list.", "messages")
@@ -271,7 +332,8 @@ def parse_chat(raw: bytes) -> GenerationCall:
         body["logprobs"] = top
     elif data.get("top_logprobs") is not None:
         raise OpenAIError("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
-    return GenerationCall(_model(data), True, stream, _include_usage(data, stream), body)
+    include, continuous = _include_usage(data, stream), _continuous_usage(data, stream)
+    return GenerationCall(_model(data), True, stream, include, body, continuous)
 
 
 def parse_embeddings(raw: bytes) -> EmbeddingsCall:
@@ -303,6 +365,15 @@ def usage(answer: dict[str, Any]) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def running_usage(part: dict[str, Any], completion_tokens: int) -> dict[str, int | None]:
+    """A streamed chunk's usage (``continuous_usage_stats``): the part's own if the handler
+    gives one, else the tokens streamed so far, the prompt's count being known only at the end
+    (``null`` until then)."""
+    if isinstance(part.get("usage"), dict):
+        return dict(usage(part))
+    return {"prompt_tokens": None, "completion_tokens": completion_tokens, "total_tokens": None}
 
 
 def finish_reason(answer: dict[str, Any]) -> str | None:
@@ -375,9 +446,10 @@ def chunk_body(
     reason: str | None = None,
     usage_: dict[str, int] | None = None,
     logprobs: dict[str, Any] | None = None,
+    running: dict[str, int | None] | None = None,
 ) -> dict:
     """One streamed chunk: a piece of text (with its tokens' ``logprobs``), the chat role, the
-    finish reason, or the usage."""
+    finish reason, or the usage; ``running``: the usage so far (``continuous_usage_stats``)."""
     body: dict[str, Any] = {
         "id": cid,
         "object": "chat.completion.chunk" if call.chat else "text_completion",
@@ -400,7 +472,7 @@ def chunk_body(
     choice.update(finish_reason=reason, logprobs=logprobs)
     body["choices"] = [choice]
     if call.include_usage:
-        body["usage"] = None
+        body["usage"] = running if call.continuous_usage else None
     return body
 
 
@@ -461,7 +533,19 @@ def error_dict(err: ServeError) -> dict[str, Any]:
     if status == 503:
         code = "service_unavailable"
     param = getattr(err, "param", None)
+    if param is None and status == 400:
+        param = _named_field(err.message)
     return {"error": {"message": err.message, "type": kind, "param": param, "code": code}}
+
+
+_HANDLER_FIELD = re.compile(r"^'?([a-z_]+)'? (?:must|takes) ")
+
+
+def _named_field(message: str) -> str | None:
+    """The request field a handler's 400 names ("max_tokens must be ..."), for ``param``."""
+    match = _HANDLER_FIELD.match(message)
+    known = _SAMPLING | set(_RANGES) | {"logprobs", "prompt", "messages"}
+    return match.group(1) if match and match.group(1) in known else None
 
 
 def error_body(err: ServeError) -> bytes:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from serve.core.jobs import BatchItem, ItemResult
 from serve.wire.errors import ServeError
@@ -234,6 +235,46 @@ def test_api_description(tmp_path: Path) -> None:
     serve(tmp_path, test)
 
 
+GENERATIVE_PATHS = {
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/openai/v1/models",
+    "/v2/models/{model_name}/generate",
+    "/v2/models/{model_name}/generate_stream",
+}
+
+
+@pytest.mark.parametrize("openai_api", [True, False])
+def test_the_api_description_names_the_routes_served(tmp_path: Path, openai_api: bool) -> None:
+    """The OpenAI and OIP generate routes when they are on (the console's API page reads this),
+    the OIP health routes always; every path it names is answered (not 404 for the route)."""
+
+    async def body() -> None:
+        config = test_config(tmp_path, store_of(tmp_path), enable_openai_api=openai_api)
+        async with in_process(config) as lantern:
+            paths = (await lantern.inference.request("OPTIONS", "/")).json()["paths"]
+            assert {"/v2/health/live", "/v2/health/ready", "/v2/models/{model_name}/ready"} <= set(
+                paths
+            )
+            assert (GENERATIVE_PATHS <= set(paths)) is openai_api
+            assert not (GENERATIVE_PATHS & set(paths)) or openai_api
+            for path, operations in paths.items():
+                if "generate" in path or path.startswith(("/v1/", "/openai/")):
+                    url = path.replace("{model_name}", "nosuchmodel")
+                    for method in operations:
+                        resp = await lantern.inference.request(method.upper(), url, json={})
+                        # A route that exists answers with its own error, never "no such route".
+                        assert resp.status_code != 405, (method, url)
+                        assert "nosuchmodel" in resp.text or resp.status_code != 404, (
+                            method,
+                            url,
+                            resp.text,
+                        )
+
+    run(body)
+
+
 async def never_loads(worker: FakeWorker, items: list[BatchItem]) -> list[ItemResult | ServeError]:
     raise AssertionError("a worker that cannot load gets no batch")
 
@@ -257,8 +298,22 @@ def test_ping_turns_unhealthy_when_a_model_fails_to_load(tmp_path: Path) -> None
             resp = await infer.get("/ping")
             assert resp.status_code == 500
             assert resp.json() == {"status": "Unhealthy"}
+            # vLLM's /health says the same, its way: an empty 503 (200 when healthy).
+            health = await infer.get("/health")
+            assert (health.status_code, health.content) == (503, b"")
 
     run(body)
+
+
+def test_health_and_version_as_vllm_answers_them(tmp_path: Path) -> None:
+    async def test(infer: httpx.AsyncClient, lantern: Lantern) -> None:
+        health = await infer.get("/health")
+        assert (health.status_code, health.content) == (200, b"")
+        version = await infer.get("/version")
+        assert version.status_code == 200
+        assert version.json() == {"version": lantern.server.state.version}
+
+    serve(tmp_path, test)
 
 
 def test_ping_is_unhealthy_when_a_startup_model_cannot_be_found(tmp_path: Path) -> None:

@@ -117,7 +117,8 @@ def test_requests_are_counted_under_the_model(tmp_path: Path) -> None:
         client = async_client(lantern)
         await client.completions.create(model="llm/2.0", prompt="a", max_tokens=1)
         with pytest.raises(openai.BadRequestError):
-            await client.completions.create(model="llm/2.0", prompt="a", max_tokens=-1)
+            # Over the model's length (64): the handler's 400, so counted under the model.
+            await client.completions.create(model="llm/2.0", prompt="a", max_tokens=100)
         text = (await lantern.metrics.get("/metrics")).text
         counted = [
             line
@@ -182,8 +183,28 @@ def test_model_names_a_version_and_the_list_names_models(tmp_path: Path) -> None
             "stream_options",
         ),
         ({"prompt": "a"}, "model"),
-        ({"model": "llm", "prompt": "a", "max_tokens": -1}, None),  # the handler's check
-        ({"model": "llm", "prompt": "a", "temperature": "hot"}, None),
+        # OpenAI's documented ranges, each 400 naming its field.
+        ({"model": "llm", "prompt": "a", "max_tokens": -1}, "max_tokens"),
+        ({"model": "llm", "prompt": "a", "max_tokens": 1.5}, "max_tokens"),
+        ({"model": "llm", "prompt": "a", "temperature": "hot"}, "temperature"),
+        ({"model": "llm", "prompt": "a", "temperature": 2.5}, "temperature"),
+        ({"model": "llm", "prompt": "a", "top_p": 0}, "top_p"),
+        ({"model": "llm", "prompt": "a", "top_p": 1.1}, "top_p"),
+        ({"model": "llm", "prompt": "a", "presence_penalty": -3}, "presence_penalty"),
+        ({"model": "llm", "prompt": "a", "frequency_penalty": True}, "frequency_penalty"),
+        ({"model": "llm", "prompt": "a", "seed": -1}, "seed"),
+        ({"model": "llm", "prompt": "a", "seed": 2**64}, "seed"),
+        # The handler's own check names its field too (the model's length: 64 here).
+        ({"model": "llm", "prompt": "a", "max_tokens": 100}, "max_tokens"),
+        (
+            {"model": "llm", "prompt": "a", "stream": True, "stream_options": {"x": True}},
+            "stream_options",
+        ),
+        (
+            {"model": "llm", "prompt": "a", "stream": True, "stream_options": {"include_usage": 1}},
+            "include_usage",
+        ),
+        ({"model": "llm", "prompt": "a", "modalities": ["audio"]}, "modalities"),
     ],
 )
 def test_bad_completion_requests_get_the_400_shape(
@@ -196,6 +217,61 @@ def test_bad_completion_requests_get_the_400_shape(
         assert error["type"] == "invalid_request_error"
         assert error["param"] == param
         assert error["message"]
+
+    serve(tmp_path, test)
+
+
+def test_chat_ranges_name_their_field(tmp_path: Path) -> None:
+    async def test(lantern: Lantern) -> None:
+        client = async_client(lantern)
+        messages: Any = [{"role": "user", "content": "x"}]
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+            ({"max_completion_tokens": 0}, "max_completion_tokens"),
+            ({"temperature": -0.1}, "temperature"),
+        ]
+        for fields, param in cases:
+            with pytest.raises(openai.BadRequestError) as bad:
+                await client.chat.completions.create(model="llm", messages=messages, **fields)
+            assert _error(bad.value)["param"] == param, fields
+
+    serve(tmp_path, test)
+
+
+def test_harmless_fields_and_the_tools_stream_options_are_accepted(tmp_path: Path) -> None:
+    """guidellm's stream_options (vLLM's continuous_usage_stats: usage in every chunk, the
+    tokens so far), OpenAI's include_obfuscation, and hints that change nothing."""
+
+    async def test(lantern: Lantern) -> None:
+        body = {
+            "model": "llm",
+            "prompt": "x",
+            "max_tokens": 3,
+            "stream": True,
+            "stop": None,
+            "ignore_eos": True,
+            "prompt_cache_key": "k",
+            "safety_identifier": "u1",
+            "modalities": ["text"],
+            "stream_options": {
+                "include_usage": True,
+                "continuous_usage_stats": True,
+                "include_obfuscation": False,
+            },
+        }
+        resp = await lantern.inference.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        chunks = [json.loads(e[6:]) for e in resp.text.split("\n\n") if e.startswith("data: {")]
+        texts = [c for c in chunks if c["choices"]]
+        assert [c["choices"][0]["text"] for c in texts] == ["w0", " w1", " w2"]
+        assert [c["usage"]["completion_tokens"] for c in texts] == [1, 2, 3]
+        assert texts[-1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+        assert chunks[-1] == {**chunks[-1], "choices": [], "usage": texts[-1]["usage"]}
+        # Without continuous_usage_stats, usage is null in every chunk but the last, as before.
+        del body["stream_options"]["continuous_usage_stats"]  # type: ignore[attr-defined]
+        resp = await lantern.inference.post("/v1/completions", json=body)
+        chunks = [json.loads(e[6:]) for e in resp.text.split("\n\n") if e.startswith("data: {")]
+        assert [c["usage"] for c in chunks[:-1]] == [None, None, None]
 
     serve(tmp_path, test)
 

@@ -15,8 +15,8 @@ from bench import llm_compare
 from bench.llm_compare import Running, run_servers
 
 
-def _args(interleave: bool, rounds: int) -> argparse.Namespace:
-    return argparse.Namespace(interleave=interleave, rounds=rounds, concurrency="1,32")
+def _args(interleave: bool, rounds: int, hogs: int = 0) -> argparse.Namespace:
+    return argparse.Namespace(interleave=interleave, rounds=rounds, concurrency="1,32", hogs=hogs)
 
 
 @pytest.fixture
@@ -61,3 +61,27 @@ def test_rounds_one_server_after_the_other(calls: list[tuple[str, str]]) -> None
     assert calls == [("a", "1,32")] * 3 + [("b", "1,32")] * 3
     assert events == ["start a", "stop a", "start b", "stop b"]
     assert len(rounds["a"]) == 3 and len(rounds["b"]) == 3
+
+
+def test_the_contended_mode_pairs_each_level_alone_and_beside_the_hogs(
+    calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--hogs N: at each level every server runs alone, then every server beside N hogs (the
+    hogs started once per level, so the pair is minutes apart at most); the contended runs are
+    kept under '<name> + N hogs'."""
+    hogs: list[int] = []
+
+    @contextlib.contextmanager
+    def cpu_hogs(count: int) -> Iterator[list[int]]:
+        hogs.append(count)
+        calls.append(("hogs", str(count)))
+        yield []
+
+    monkeypatch.setattr(llm_compare, "cpu_hogs", cpu_hogs)
+    rounds = run_servers(_args(True, 1, hogs=2), _ups([]))
+    assert calls == [
+        ("hogs", "0"), ("a", "1"), ("b", "1"), ("hogs", "2"), ("a", "1"), ("b", "1"),
+        ("hogs", "0"), ("a", "32"), ("b", "32"), ("hogs", "2"), ("a", "32"), ("b", "32"),
+    ]  # fmt: skip
+    assert sorted(rounds) == ["a", "a + 2 hogs", "b", "b + 2 hogs"]
+    assert [lv["n"] for lv in rounds["b + 2 hogs"][0]] == [6, 12]

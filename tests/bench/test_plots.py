@@ -105,3 +105,8 @@ def test_the_performance_page_shows_the_charts_of_its_figures() -> None:
     shown = texts(FIGURES / "performance-throughput.svg")
     for row in data["results"]:
         assert series_label(row) in shown, series_label(row)
+    # The latency chart names only the marks it draws (the page's figures give p50 alone).
+    latency = texts(FIGURES / "performance-latency.svg")
+    for mark, key in (("p90", "p90_ms"), ("p99", "p99_ms")):
+        drawn = any(r.get(key) is not None for r in data["results"])
+        assert (mark in latency) is drawn, mark

@@ -1,19 +1,22 @@
 """The console in a real browser: Debian's chromium, headless, driven by Selenium (which uses the
 system chromedriver; nothing downloads a browser), against a real server with token auth on.
 
-One server and one browser for the module: an echo model and the pretrained EfficientNet-Lite0
-classifier (examples/image_classifier). A screenshot of each view is kept: under
-``$LANTERN_ARTIFACTS/console`` when that is set, else a pytest temporary folder (path printed).
+One server and one browser for the module: an echo model, the pretrained EfficientNet-Lite0
+classifier (examples/image_classifier) and a tiny ``text_generation`` model built in code. A
+screenshot of each view is kept: under ``$LANTERN_ARTIFACTS/console`` when that is set, else a
+pytest temporary folder (path printed).
 
-The chat test drives the page's streaming logic against a fake ``/v1/chat/completions`` SSE
+One chat test drives the page's streaming logic against a fake ``/v1/chat/completions`` SSE
 endpoint installed in the page (a ``fetch`` stand-in returning a stream the test releases in
-steps): Lantern has no OpenAI-compatible route yet.
+steps, so that the first tokens are seen before the rest); another chats with the tiny model
+through the server's own OpenAI route and receives its whole answer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import DATA, REPO, LanternServer, echo_archive
+from tests.support.server import DATA, REPO, LanternServer, build_archive, echo_archive
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
@@ -68,9 +71,34 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     store = work / "model_store"
     echo_archive(store, config={"minWorkers": 1})
-    models = ["echo=echo.mar", f"{CLASSIFIER}={CLASSIFIER}.mar"]
+    _tiny_llm_archive(work, store)
+    models = ["echo=echo.mar", f"{CLASSIFIER}={CLASSIFIER}.mar", f"{LLM}={LLM}.mar"]
     with LanternServer(work, store, models, token_auth=True) as srv:
         yield srv
+
+
+LLM = "tiny-llm"
+LLM_MODEL_LEN = 64  # short answers: a chat's default length is the rest of this context
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def _tiny_llm_archive(work: Path, store: Path) -> None:
+    from tests.support.generation_fixtures import save_pretrained
+
+    folder = work / "tiny-llm"
+    _, tokenizer = save_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    build_archive(
+        store,
+        LLM,
+        "text_generation",
+        config={"minWorkers": 1, "handler": {"max_model_len": LLM_MODEL_LEN}},
+        extra_files=sorted(folder.iterdir()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +187,7 @@ def test_a_page_without_a_token_changes_nothing(
     assert [m["modelName"] for m in management(server, keys, "/models")["models"]] == [
         "echo",
         CLASSIFIER,
+        LLM,
     ]
     browser.save_screenshot(str(artifacts / "no-token.png"))
 
@@ -239,9 +268,8 @@ def test_chat_streams_tokens_as_they_arrive(
 ) -> None:
     open_console(browser, server, keys)
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.version"))
-    # Neither served model is generative: the chat stays hidden.
-    assert not browser.find_element(By.ID, "nav-chat").is_displayed()
     assert browser.execute_script("return lantern.isGenerative({generative: true})")
+    assert not browser.execute_script("return lantern.isGenerative({generative: false})")
     browser.execute_script(FAKE_SSE + "lantern.enableChat(['tiny-llm']); lantern.show('chat');")
     browser.find_element(By.ID, "chat-input").send_keys("hi")
     browser.find_element(By.ID, "chat-send").click()
@@ -261,8 +289,40 @@ def test_chat_streams_tokens_as_they_arrive(
         "model": "tiny-llm",
         "messages": [{"role": "user", "content": "hi"}],
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     assert request["auth"] == f"Bearer {keys['inference']}"
+    browser.save_screenshot(str(artifacts / "chat-fake.png"))
+
+
+def test_chat_with_a_text_generation_model_receives_a_whole_answer(
+    browser: Any, server: LanternServer, keys: dict[str, str], artifacts: Path
+) -> None:
+    """Describe says which models generate; the chat tab shows for them alone, and a message
+    gets the model's whole answer (its default length: the rest of the context, not 16)."""
+    open_console(browser, server, keys)
+    assert management(server, keys, f"/models/{LLM}")[0]["generative"] is True
+    assert management(server, keys, "/models/echo")[0]["generative"] is False
+    wait(browser, lambda d: d.find_element(By.ID, "nav-chat").is_displayed())
+    options = browser.find_elements(By.CSS_SELECTOR, "#chat-model option")
+    assert [o.get_attribute("value") for o in options] == [LLM]
+    browser.find_element(By.ID, "nav-chat").click()
+    browser.find_element(By.ID, "chat-input").send_keys("the quick brown fox")
+    browser.find_element(By.ID, "chat-send").click()
+    stats = "#chat-log .msg-stats"
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stats), timeout=120)
+    reply = browser.find_element(By.CSS_SELECTOR, "#chat-log .msg.assistant")
+    assert "error" not in (reply.get_attribute("class") or ""), reply.text
+    assert "streaming" not in (reply.get_attribute("class") or "")
+    line = text(browser, stats)
+    match = re.fullmatch(
+        r"TTFT \d+ ms · (\d+) tokens( · [\d.]+ tokens/s)? · finish: (stop|length)", line
+    )
+    assert match, line
+    tokens, finish = int(match.group(1)), match.group(3)
+    assert reply.text.strip() and tokens >= 1
+    if finish == "length":  # it ran to the end of the context, far past OpenAI's 16
+        assert tokens > 16, line
     browser.save_screenshot(str(artifacts / "chat.png"))
 
 

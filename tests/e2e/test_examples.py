@@ -458,3 +458,22 @@ def test_default_classifier_over_kserve_v1(client: httpx.Client, kitten: bytes) 
     assert resp.status_code == 200, resp.text
     (prediction,) = resp.json()["predictions"]
     assert top(prediction) in CAT_LABELS
+
+
+def test_resnet18_eager_command_line_build_leaves_only_the_archive(tmp_path: Path) -> None:
+    """The README's model-archiver lines, run literally from a folder laid out like the
+    repository's root: the archive appears in model_store/ and nothing else is left behind."""
+    readme = (EXAMPLES / "resnet18_eager" / "README.md").read_text()
+    block = readme.split("as a TorchServe user would build it")[1].split("```bash\n")[1]
+    script = block.split("```")[0]
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    (tmp_path / "model_store").mkdir()  # as the repository has it
+    done = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".venv", "examples", "model_store"]
+    assert [p.name for p in (tmp_path / "model_store").iterdir()] == ["resnet18.mar"]
+    with zipfile.ZipFile(tmp_path / "model_store" / "resnet18.mar") as mar:
+        assert "resnet18.pth" in mar.namelist()

@@ -6,6 +6,7 @@ The API's logic and errors are in ``tests/app/test_openai_app.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,7 +43,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanternServer]:
         config={"minWorkers": 1, "handler": {"max_model_len": 128}},
         extra_files=sorted(folder.iterdir()),
     )
-    lantern = LanternServer(work, store, ["tiny=tiny.mar"], args=["--no-grpc"])
+    # A chat without max_tokens answers the rest of the context (128), at most 100 tokens.
+    env = {"LANTERN_OPENAI_CHAT_MAX_TOKENS": "100"}
+    lantern = LanternServer(work, store, ["tiny=tiny.mar"], args=["--no-grpc"], env=env)
     lantern.start(timeout=180)
     yield lantern
     lantern.stop()
@@ -163,3 +166,52 @@ def test_bad_fields_are_400_in_openai_shape(server: LanternServer) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="tiny", prompt=PROMPT, extra_body={"top_k": -3})
     assert "top_k" in bad.value.response.json()["error"]["message"]
+
+
+def test_the_chat_default_length_is_the_rest_of_the_context_up_to_the_cap(
+    server: LanternServer,
+) -> None:
+    """OpenAI's chat default (the rest of the context), bounded by openai_chat_max_tokens (100
+    here); a completion's default stays 16. ignore_eos: the tiny model never stops early."""
+    client = openai.OpenAI(api_key="none", base_url=f"{server.inference}/v1", max_retries=0)
+    no_eos: Any = {"ignore_eos": True}
+    short: Any = [{"role": "user", "content": "the lazy dog"}]
+    capped = client.chat.completions.create(model="tiny", messages=short, extra_body=no_eos)
+    assert capped.usage is not None and capped.usage.completion_tokens == 100
+    assert capped.choices[0].finish_reason == "length"
+    long: Any = [{"role": "user", "content": " ".join([PROMPT] * 6)}]
+    rest = client.chat.completions.create(model="tiny", messages=long, extra_body=no_eos)
+    assert rest.usage is not None and rest.usage.prompt_tokens > 28  # so that the rest < 100
+    assert rest.usage.prompt_tokens + rest.usage.completion_tokens == 128  # max_model_len
+    done = client.completions.create(model="tiny", prompt=PROMPT, extra_body=no_eos)
+    assert done.usage is not None and done.usage.completion_tokens == 16
+    described = httpx.get(f"{server.management}/models/tiny", timeout=30).json()[0]
+    assert described["generative"] is True and described["maxModelLen"] == 128
+
+
+def test_what_guidellm_sends_and_checks_first(server: LanternServer) -> None:
+    """GET /health, then a streamed completion with vLLM's continuous_usage_stats: every chunk
+    counts the tokens so far; the last text chunk holds the whole usage."""
+    assert httpx.get(f"{server.inference}/health", timeout=30).status_code == 200
+    version = httpx.get(f"{server.inference}/version", timeout=30).json()["version"]
+    assert version
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "stream": True,
+        "stop": None,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{server.inference}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: {")]
+    chunks = [json.loads(ln[6:]) for ln in lines]
+    counted = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counted == sorted(counted) and counted[-1] == 5
+    final = [c for c in chunks if c["choices"]][-1]
+    assert final["choices"][0]["finish_reason"] == "length"
+    usage = final["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + 5
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage

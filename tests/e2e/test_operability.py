@@ -211,19 +211,26 @@ def snapshot_folder(folder: Folder) -> Folder:
     return folder
 
 
-def test_models_with_a_snapshot_present_warns_that_they_were_not_used(
+def test_models_on_the_command_line_win_over_a_snapshot_which_is_named(
     snapshot_folder: Folder,
 ) -> None:
     f = snapshot_folder
     snapshot = f.snapshots()[-1]
     result = f.start("--models", "other=other.mar")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-2:] == [
-        f"Restored snapshot {snapshot}: echo 1.0.",
-        "Warning: --models other=other.mar was not used: the snapshot was restored instead; "
-        "start with --ncs (or --config/--ts-config) to load --models.",
-    ]
-    assert models_of(f.info()) == ["echo"]
+    assert result.stdout.splitlines()[-1] == (
+        f"Not restored: snapshot {snapshot}; --models names the models to load "
+        "(a start without --models restores the newest snapshot)."
+    )
+    assert models_of(f.info()) == ["other"]
+    # That start wrote its own snapshot: a start without --models brings `other` back.
+    assert f.stop().returncode == 0
+    newest = f.snapshots()[-1]
+    assert newest != snapshot
+    again = f.start()
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == f"Restored snapshot {newest}: other 1.0."
+    assert models_of(f.info()) == ["other"]
 
 
 def test_ts_config_with_a_snapshot_present_is_not_overridden(snapshot_folder: Folder) -> None:

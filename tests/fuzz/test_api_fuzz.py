@@ -111,3 +111,6 @@ def test_the_descriptions_name_every_route_family(server: LanternServer) -> None
     url = f"{server.inference}/"
     paths = httpx.request("OPTIONS", url, headers=headers, timeout=TIMEOUT).json()["paths"]
     assert {"/ping", "/predictions/{model_name}", "/v2/models/{model_name}/infer"} <= set(paths)
+    assert {"/v1/chat/completions", "/v2/models/{model_name}/generate", "/v2/health/ready"} <= set(
+        paths
+    )

@@ -152,7 +152,9 @@ def test_no_grpc_flag(tmp_path: Path) -> None:
             assert "gRPC is not served" in info.value.message()
 
 
-def test_a_busy_grpc_port_is_a_clean_startup_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["inference", "management"])
+def test_a_busy_grpc_port_is_named_and_exits_4_as_http_ports_do(tmp_path: Path, which: str) -> None:
+    """The port comes from `serve start --grpc-*-port` (over the environment's 0)."""
     import socket
 
     store = tmp_path / "store"
@@ -161,13 +163,15 @@ def test_a_busy_grpc_port_is_a_clean_startup_error(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        srv = LanternServer(tmp_path, store, env={"LANTERN_GRPC_INFERENCE_PORT": str(port)})
+        srv = LanternServer(tmp_path, store, args=[f"--grpc-{which}-port", str(port)])
         with pytest.raises(RuntimeError) as info:
             srv.start(timeout=60)
         srv.stop()
-    assert f"Cannot listen for gRPC inference on 127.0.0.1:{port}" in str(info.value)
+    assert (
+        f"Error: Cannot listen on grpc_{which} address 127.0.0.1:{port}: Address already in use"
+    ) in str(info.value)
     assert "Traceback" not in str(info.value)
-    assert srv.proc is not None and srv.proc.returncode == 1
+    assert srv.proc is not None and srv.proc.returncode == 4
 
 
 def test_a_grpc_client_on_hypercorns_http_port_is_told_where_grpc_is(tmp_path: Path) -> None:

@@ -72,11 +72,11 @@ def test_report_lines() -> None:
     assert report_lines(StartupReport()) == []
     report = StartupReport(snapshot="/l/config/1-snapshot.json", restored=["a 1.0", "b 2.0"])
     assert report_lines(report) == ["Restored snapshot /l/config/1-snapshot.json: a 1.0, b 2.0."]
-    report.unused_models = ["x.mar", "y=y.mar"]
-    assert report_lines(report)[1] == (
-        "Warning: --models x.mar,y=y.mar was not used: the snapshot was restored instead; "
-        "start with --ncs (or --config/--ts-config) to load --models."
-    )
+    passed = StartupReport(passed_over="/l/config/1-snapshot.json")
+    assert report_lines(StartupReport.from_dict(passed.as_dict())) == [
+        "Not restored: snapshot /l/config/1-snapshot.json; --models names the models to load "
+        "(a start without --models restores the newest snapshot)."
+    ]
     empty = StartupReport(snapshot="/s.json")
     assert report_lines(empty) == ["Restored snapshot /s.json: no models."]
     report.fail("a 1.0", "Traceback\n  line one\n  line two")

@@ -78,6 +78,8 @@ def test_a_refusal_has_its_route_familys_shape_and_a_request_id(
     ("method", "path"),
     [
         ("GET", "/ping"),
+        ("GET", "/health"),
+        ("GET", "/version"),
         ("GET", "/api-description"),
         ("OPTIONS", "/"),
         ("GET", "/v2"),
@@ -106,6 +108,7 @@ def test_health_readiness_and_descriptions_are_open(
         ("GET", "/v1/models/m/versions/1"),
         ("GET", "/v2/models/m"),
         ("POST", "/ping/x"),
+        ("GET", "/health/x"),
         ("GET", "/"),
     ],
 )

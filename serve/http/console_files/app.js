@@ -237,9 +237,10 @@
     const reply = el("div", { class: "msg assistant streaming" });
     log.append(reply);
     try {
-      const whole = await LanternChat.stream(`${inferenceRoot}/v1/chat/completions`, headers("inference"),
+      const answer = await LanternChat.stream(`${inferenceRoot}/v1/chat/completions`, headers("inference"),
         $("#chat-model").value, conversation, (piece) => { reply.textContent += piece; });
-      conversation.push({ role: "assistant", content: whole });
+      conversation.push({ role: "assistant", content: answer.whole });
+      log.append(el("div", { class: "msg-stats", text: LanternChat.statsLine(answer) }));
     } catch (err) {
       reply.textContent = String(err);
       reply.classList.add("error");
