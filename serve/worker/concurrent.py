@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import (
@@ -48,6 +48,13 @@ from serve.wire.messages import (
     encode_partial,
     encode_result,
 )
+
+if TYPE_CHECKING:
+    from handlers.context import Context
+    from handlers.generation.interface import GenerativeHandler
+    from handlers.generation.streams import Event, RequestStreams
+    from handlers.service import Service
+    from serve.wire.messages import WorkerSpec
 
 logger = logging.getLogger("serve.worker")
 
@@ -184,11 +191,18 @@ class _Batch:
 class EngineLoop:
     """Drives a handler's `RequestStreams` step by step, taking new requests between steps."""
 
-    def __init__(self, service: Any, context: Any, streams: Any, slots: int) -> None:
+    def __init__(
+        self,
+        service: Service,
+        context: Context,
+        handler: GenerativeHandler,
+        streams: RequestStreams,
+        slots: int,
+    ) -> None:
         self.service = service
         self.context = context
         self.streams = streams
-        self.handler = service.handler
+        self.handler = handler
         self.slots = slots
         self._inbox: queue.SimpleQueue[tuple[Frame, _Prepared | None] | None] = queue.SimpleQueue()
         self._batches: dict[int, _Batch] = {}
@@ -275,7 +289,7 @@ class EngineLoop:
             return None
         engine = self.streams.engine
         prepared = _Prepared(requests)
-        most = int(getattr(self.handler, "max_request_bytes", 0) or 0)
+        most = self.handler.max_request_bytes
         for req in requests:
             try:
                 size = sum(len(raw) for _, _, raw in req.params)
@@ -402,7 +416,7 @@ class EngineLoop:
                 self.streams.cancel(event.request_id)
                 self._answer(event.request_id, ErrorItem(code, kind, message, request_id))
 
-    def _deliver(self, event: Any) -> None:
+    def _deliver(self, event: Event) -> None:
         """One request's event of a step: its part out, or its answer."""
         owner = self._owner.get(event.request_id)
         if owner is None:
@@ -593,17 +607,19 @@ def _part_sender(conn: Connection, seq: int) -> Callable[[dict[str, Any]], None]
     return send
 
 
-def concurrent_loop(service: Any, context: Any, spec: Any) -> EngineLoop | AsyncLoop | None:
+def concurrent_loop(
+    service: Service, context: Context, spec: WorkerSpec
+) -> EngineLoop | AsyncLoop | None:
     """The loop this worker runs, if it keeps many requests in flight; None: the classic one."""
+    from handlers.generation.interface import GenerativeHandler
+
     yaml_config = spec.model_yaml_config or {}
     handler = service.handler
-    make_streams = getattr(handler, "request_streams", None)
-    if callable(make_streams):
-        streams = make_streams()
+    if isinstance(handler, GenerativeHandler):
+        streams = handler.request_streams()
         if streams is not None:
-            return EngineLoop(
-                service, context, streams, streams.engine.limits().max_running_sequences
-            )
+            slots = streams.engine.limits().max_running_sequences
+            return EngineLoop(service, context, handler, streams, slots)
     if yaml_config.get("asyncCommunication"):
         return AsyncLoop(service, context, max(1, int(spec.batch_size or 1)))
     return None

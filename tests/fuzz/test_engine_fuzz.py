@@ -111,7 +111,8 @@ def running(service) -> Iterator[tuple[FakeConnection, Any]]:
 
     conn = FakeConnection()
     thread, code = run_in_thread(
-        EngineLoop(service, service.context, service.handler.request_streams(), 8), conn
+        EngineLoop(service, service.context, service.handler, service.handler.request_streams(), 8),
+        conn,
     )
     yield conn, thread
     conn.put(Frame(MsgType.SHUTDOWN, 0))

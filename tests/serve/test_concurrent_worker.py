@@ -26,6 +26,7 @@ from serve.wire.messages import (
     ErrorItem,
     PredictItem,
     ResultItem,
+    WorkerSpec,
     decode_engine_report,
     decode_partial,
     decode_result,
@@ -128,7 +129,7 @@ def body(prompt: str, n: int, stream: bool = True) -> dict[str, Any]:
 
 
 def test_the_text_generation_handler_gets_the_engine_loop_with_its_limits(service):
-    spec = SimpleNamespace(model_yaml_config={}, batch_size=4)
+    spec = WorkerSpec("m", "1", ".", {}, batch_size=4)
     loop = concurrent_loop(service, service.context, spec)
     assert isinstance(loop, EngineLoop)
     assert loop.limits["slots"] == 4 and loop.limits["max_running_sequences"] == 4
@@ -136,7 +137,9 @@ def test_the_text_generation_handler_gets_the_engine_loop_with_its_limits(servic
 
 def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(service):
     conn = FakeConnection()
-    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    loop = EngineLoop(
+        service, service.context, service.handler, service.handler.request_streams(), 4
+    )
     thread, code = run_in_thread(loop, conn)
     engine = service.handler.engine
     parts: dict[int, list[int]] = {1: [], 2: [], 3: []}
@@ -180,7 +183,9 @@ def test_streams_interleave_a_late_request_joins_and_a_cancel_frees_its_slot(ser
 
 def test_a_steps_parts_go_out_together_in_one_write(service):
     conn = FakeConnection()
-    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    loop = EngineLoop(
+        service, service.context, service.handler, service.handler.request_streams(), 4
+    )
     thread, code = run_in_thread(loop, conn)
     conn.put(predict(1, body("the quick brown fox", 200)))
     conn.put(predict(2, body("a model server answers", 12)))
@@ -204,7 +209,9 @@ def test_a_steps_parts_go_out_together_in_one_write(service):
 
 def test_an_unstreamed_request_is_answered_whole(service):
     conn = FakeConnection()
-    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    loop = EngineLoop(
+        service, service.context, service.handler, service.handler.request_streams(), 4
+    )
     thread, code = run_in_thread(loop, conn)
     conn.put(predict(1, body("héllo world", 5, stream=False)))
     frame = conn.next()
@@ -220,7 +227,9 @@ def test_an_unstreamed_request_is_answered_whole(service):
 
 def test_the_engine_reports_each_reservation_as_it_reads_it_and_zeros_once_idle(service):
     conn = FakeConnection()
-    loop = EngineLoop(service, service.context, service.handler.request_streams(), 4)
+    loop = EngineLoop(
+        service, service.context, service.handler, service.handler.request_streams(), 4
+    )
     thread, code = run_in_thread(loop, conn)
     prompt = "the quick brown fox"
     conn.put(predict(1, body(prompt, 5, stream=False)))
@@ -255,7 +264,9 @@ def test_a_reservation_is_reported_while_a_step_runs(service):
 
     streams.step = held_step
     conn = FakeConnection()
-    thread, code = run_in_thread(EngineLoop(service, service.context, streams, 4), conn)
+    thread, code = run_in_thread(
+        EngineLoop(service, service.context, service.handler, streams, 4), conn
+    )
     conn.put(predict(1, body("the quick brown fox", 3, stream=False)))
     assert set(conn.reports.get(timeout=WAIT).reserved) == {1}
     assert in_step.wait(WAIT)  # the loop is inside a step, held there
@@ -286,7 +297,8 @@ def test_the_async_loop_runs_many_requests_at_once_and_cancels_one(init: str):
         handler = AsyncEngineHandler()
         handler.setup(context)
         service = SimpleNamespace(entry_point=handler.handle, handler=handler, loop=None)
-    spec = SimpleNamespace(model_yaml_config={"asyncCommunication": True}, batch_size=8)
+    spec = WorkerSpec("m", "1", ".", {}, batch_size=8)
+    spec.model_yaml_config = {"asyncCommunication": True}
     loop = concurrent_loop(service, context, spec)
     assert isinstance(loop, AsyncLoop) and loop.limits == {"slots": 8}
     conn = FakeConnection()

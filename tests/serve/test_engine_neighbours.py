@@ -51,7 +51,8 @@ def service(tmp_path_factory):
 def loop(service) -> Iterator[FakeConnection]:
     conn = FakeConnection()
     thread, code = run_in_thread(
-        EngineLoop(service, service.context, service.handler.request_streams(), 8), conn
+        EngineLoop(service, service.context, service.handler, service.handler.request_streams(), 8),
+        conn,
     )
     yield conn
     conn.put(Frame(MsgType.SHUTDOWN, 0))
