@@ -9,9 +9,11 @@ decodes (no prompt chunk) and its rows fit a captured size (`BUCKETS`): the rows
 copied into static buffers, padded to the size (padding rows write their keys at column 0 of
 rows no sequence holds, and their logits are dropped), and attention reads every column the
 batch's cache has allocated, under a mask built inside the graph from the rows' positions (the
-eager step reads only up to the longest row). A graph reads the cache's tensors where they were
-when it was captured: when the cache grows or shrinks (`BatchCache._resize`), the graphs are
-dropped and captured again as steps need them. Each capture runs the step eagerly first and
+eager step reads only up to the longest row). Every size is captured at load (`capture_all`,
+from `Engine.warm_up`, over a cache reserved for the KV budget). A graph reads the cache's
+tensors where they were when it was captured: when the cache grows (a sequence longer than its
+columns), the graphs are dropped and captured again as steps need them. Each capture runs the
+step eagerly first and
 checks that the graph's replay gives the same logits; a capture that fails or differs turns the
 graphs off for this engine (logged) and the engine runs eagerly, as on a CPU, where none of
 this applies.
