@@ -193,7 +193,7 @@ def _timeout(request: Request, timeout_us: int | None = None) -> float | None:
     return min(limits) if limits else None
 
 
-def _model_state(model: ModelVersion) -> tuple[str, str]:
+def model_state(model: ModelVersion) -> tuple[str, str]:
     """TF Serving's state for a version, and an error message when it has none."""
     if model.ready_workers() > 0:
         return "AVAILABLE", ""
@@ -340,7 +340,7 @@ class _Protocols:
         else:
             _label(request, target, None)
             models = self.registry.versions(target)
-        states = [(m.version, *_model_state(m)) for m in models]
+        states = [(m.version, *model_state(m)) for m in models]
         return _json(kserve_v1.status_body(models[0].name, states))
 
     @_protocol_errors

@@ -52,3 +52,50 @@ def generate(out: Path) -> SimpleNamespace:
 def bearer(key: str) -> tuple[tuple[str, str], ...]:
     """The metadata TorchServe's client sends with ``--auth-token``."""
     return (("protocol", "gRPC"), ("session_id", "12345"), ("authorization", f"Bearer {key}"))
+
+
+def generate_tf_serving(out: Path) -> SimpleNamespace:
+    """Stubs from the vendored TF Serving and TensorFlow ``.proto`` files, generated and imported
+    as a TF Serving user has them (``from tensorflow_serving.apis import predict_pb2``)."""
+    import grpc_tools
+
+    from serve.grpc.generate import tree_files
+
+    out.mkdir(parents=True, exist_ok=True)
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTOS}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            *tree_files(),
+        ],
+        check=True,
+        cwd=PROTOS,
+    )
+    if str(out) not in sys.path:
+        sys.path.insert(0, str(out))
+    apis = [
+        "classification_pb2",
+        "get_model_metadata_pb2",
+        "get_model_status_pb2",
+        "inference_pb2",
+        "input_pb2",
+        "model_management_pb2",
+        "predict_pb2",
+        "regression_pb2",
+        "prediction_service_pb2_grpc",
+        "model_service_pb2_grpc",
+    ]
+    modules = {name: importlib.import_module(f"tensorflow_serving.apis.{name}") for name in apis}
+    modules["tensor_pb2"] = importlib.import_module("tensorflow.core.framework.tensor_pb2")
+    modules["types_pb2"] = importlib.import_module("tensorflow.core.framework.types_pb2")
+    modules["example_pb2"] = importlib.import_module("tensorflow.core.example.example_pb2")
+    modules["model_server_config_pb2"] = importlib.import_module(
+        "tensorflow_serving.config.model_server_config_pb2"
+    )
+    return SimpleNamespace(**modules)
