@@ -38,6 +38,7 @@ _ORT_DATATYPES = {
     "tensor(bfloat16)": "BF16",
     "tensor(string)": "BYTES",
 }
+_INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 _TORCH_DATATYPES = {
     "torch.bool": "BOOL",
     "torch.uint8": "UINT8",
@@ -207,6 +208,30 @@ class TorchAdapter(ModelAdapter):
         super().__init__(inputs, outputs)
 
     def run(self, feeds: Feeds) -> Outputs:
+        """Run the module. A TorchScript or eager module does not say its input dtypes (unless
+        model-config.yaml's ``metadata`` declares them), so JSON numbers are guessed (integers
+        as INT64): when the module refuses integer inputs it was not told the type of, they are
+        tried once as FP32 (torch's default). A floating-point dtype that a call succeeds with is
+        learned: later values are cast to it, and metadata states it. Integer dtypes are not
+        learned from a guess (a module that takes both would then truncate floats)."""
+        undeclared = [s for s in self.inputs if not s.datatype]
+        try:
+            outputs = self._call(feeds)
+        except RuntimeError:
+            guessed = [s.name for s in undeclared if feeds[s.name][1] in _INTEGERS]
+            if not guessed:
+                raise
+            retry = dict(feeds)
+            for name in guessed:
+                retry[name] = (feeds[name][0].astype(np.float32), "FP32")
+            outputs, feeds = self._call(retry), retry
+            logger.info("Inputs %s taken as FP32: the model refused integers", ", ".join(guessed))
+        for spec in undeclared:
+            if feeds[spec.name][1] in ("FP16", "FP32", "FP64", "BF16"):
+                spec.datatype = feeds[spec.name][1]
+        return outputs
+
+    def _call(self, feeds: Feeds) -> Outputs:
         import torch
 
         args = []

@@ -18,6 +18,7 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from serve.grpc import ort_codec
 from serve.grpc.gen import inference_pb2, management_pb2, open_inference_grpc_pb2
 from serve.grpc.gen.tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
@@ -70,6 +71,8 @@ def pool() -> descriptor_pool.DescriptorPool:
     result.Add(kserve_file())
     for module in (prediction_service_pb2, model_service_pb2):  # TF Serving's, with their imports
         _add_with_imports(result, module.DESCRIPTOR)
+    for proto in ort_codec.file_set().file:  # ONNX Runtime Server's, imports first
+        result.Add(proto)
     return result
 
 

@@ -34,6 +34,13 @@ TREES = ("tensorflow_serving", "tensorflow", "xla")
 _IMPORT = re.compile(rf"^from ({'|'.join(TREES)})((?:\.\w+)*) import ", re.MULTILINE)
 
 
+# ONNX Runtime Server's files: compiled to one descriptor set (``gen/onnxruntime_server.binpb``)
+# that ``serve/grpc/ort_messages.py`` loads into a private pool, not into protobuf's default one,
+# where its ``onnx.TensorProto`` would clash with the ``onnx`` package's.
+ORT = PROTOS / "onnxruntime_server"
+ORT_SET = "onnxruntime_server.binpb"
+
+
 def tree_files() -> list[str]:
     """The vendored TF Serving / TensorFlow files, as paths relative to ``protos/``."""
     return sorted(
@@ -77,6 +84,16 @@ def generate(out: Path) -> None:
     ]
     subprocess.run(cmd, check=True, cwd=PROTOS)
     _rehome(out)
+    ort = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{ORT}",
+        f"--descriptor_set_out={out / ORT_SET}",
+        "--include_imports",
+        "prediction_service.proto",
+    ]
+    subprocess.run(ort, check=True, cwd=ORT)
 
 
 def _listing(root: Path) -> list[str]:

@@ -10,11 +10,14 @@ and none mean the default version.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import numpy as np
 
 from serve.wire.errors import BadRequest
+from serve.wire.json_input import parse_json
 from serve.wire.tensor_params import Tensor
 from serve.wire.tensors import NUMPY_DTYPES, serialize_bytes
 
@@ -205,3 +208,50 @@ def regressions(tensors: list[Tensor], count: int) -> list[float]:
     if values.shape[1] != 1:
         raise BadRequest("a regression answers one value per example; the output has more")
     return [float(v) for v in values[:, 0]]
+
+
+# ----- REST bodies ------------------------------------------------------------------------------
+
+
+def _json_feature(name: str, value: Any) -> Feature:
+    """One REST example feature: numbers (int64 when all are integers), strings or b64 bytes."""
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise BadRequest(f"feature '{name}' has no values")
+    if all(isinstance(v, dict) and set(v) == {"b64"} for v in items):
+        try:
+            return "bytes_list", [base64.b64decode(str(v["b64"]), validate=True) for v in items]
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"feature '{name}': invalid base64 in a b64 value") from None
+    if all(isinstance(v, str) for v in items):
+        return "bytes_list", [v.encode() for v in items]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+        if all(isinstance(v, int) for v in items):
+            return "int64_list", items
+        return "float_list", [float(v) for v in items]
+    raise BadRequest(f"feature '{name}' must hold numbers, strings or b64 objects, all alike")
+
+
+def _json_example(value: Any, what: str) -> dict[str, Feature]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be a JSON object of features")
+    return {str(k): _json_feature(str(k), v) for k, v in value.items()}
+
+
+def parse_examples(body: bytes) -> tuple[str, list[dict[str, Feature]], dict[str, Feature] | None]:
+    """A REST ``:classify``/``:regress`` body: its signature, examples and context."""
+    doc = parse_json(body)
+    if not isinstance(doc, dict):
+        raise BadRequest("the request must be a JSON object with 'examples'")
+    signature = doc.get("signature_name", "")
+    if not isinstance(signature, str):
+        raise BadRequest("'signature_name' must be a string")
+    examples = doc.get("examples")
+    if not isinstance(examples, list) or not examples:
+        raise BadRequest("'examples' must be a non-empty list")
+    context = doc.get("context")
+    return (
+        signature,
+        [_json_example(e, "an example") for e in examples],
+        _json_example(context, "'context'") if context is not None else None,
+    )
