@@ -107,11 +107,19 @@ class ModelAdapter:
     def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
         self.inputs = inputs
         self.outputs = outputs
+        # Input dtypes learned from the model itself where nothing declared them (TorchAdapter):
+        # JSON values are cast to them and metadata states them; typed requests are not held
+        # to them (a module may take several dtypes).
+        self.learned: dict[str, str] = {}
 
     def metadata(self) -> dict[str, Any]:
+        inputs = [
+            {**s.as_json(), "datatype": s.datatype or self.learned.get(s.name, "")}
+            for s in self.inputs
+        ]
         return {
             "platform": self.platform,
-            "inputs": [s.as_json() for s in self.inputs],
+            "inputs": inputs,
             "outputs": [s.as_json() for s in self.outputs],
             "tensor_path": True,
         }
@@ -210,25 +218,25 @@ class TorchAdapter(ModelAdapter):
     def run(self, feeds: Feeds) -> Outputs:
         """Run the module. A TorchScript or eager module does not say its input dtypes (unless
         model-config.yaml's ``metadata`` declares them), so JSON numbers are guessed (integers
-        as INT64): when the module refuses integer inputs it was not told the type of, they are
-        tried once as FP32 (torch's default). A floating-point dtype that a call succeeds with is
-        learned: later values are cast to it, and metadata states it. Integer dtypes are not
-        learned from a guess (a module that takes both would then truncate floats)."""
-        undeclared = [s for s in self.inputs if not s.datatype]
+        as INT64). When the module refuses integer inputs nobody declared, they are tried once
+        as FP32 (torch's default); if that works, FP32 is learned for them (``learned``): later
+        JSON values are cast to it and metadata states it."""
         try:
-            outputs = self._call(feeds)
+            return self._call(feeds)
         except RuntimeError:
-            guessed = [s.name for s in undeclared if feeds[s.name][1] in _INTEGERS]
+            guessed = [
+                s.name for s in self.inputs if not s.datatype and feeds[s.name][1] in _INTEGERS
+            ]
             if not guessed:
                 raise
             retry = dict(feeds)
             for name in guessed:
                 retry[name] = (feeds[name][0].astype(np.float32), "FP32")
-            outputs, feeds = self._call(retry), retry
-            logger.info("Inputs %s taken as FP32: the model refused integers", ", ".join(guessed))
-        for spec in undeclared:
-            if feeds[spec.name][1] in ("FP16", "FP32", "FP64", "BF16"):
-                spec.datatype = feeds[spec.name][1]
+            outputs = self._call(retry)
+        for name in guessed:
+            if name not in self.learned:
+                logger.info("Input %s taken as FP32: the model refused integers", name)
+            self.learned[name] = "FP32"
         return outputs
 
     def _call(self, feeds: Feeds) -> Outputs:
@@ -424,6 +432,9 @@ def values_to_feeds(
         if spec is None:
             raise InvalidTensorInput(f"unexpected inference input '{key}' for model '{model}'")
         values = rows[0][key] if columnar else [row[key] for row in rows]
+        learned = adapter.learned.get(name)
+        if learned and not spec.datatype:
+            spec = TensorSpec(spec.name, learned, spec.shape)
         feeds[name] = _typed(values, spec, name)
     return feeds
 
