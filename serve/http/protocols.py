@@ -356,7 +356,10 @@ class _Protocols:
         target, action = kserve_v1.split_target(path["target"])
         if action is not None:
             raise MethodNotAllowed(f"Use POST for :{action}.")
-        if "model" in path:
+        if "model" in path and target == "0" and "/versions/" in request.url.path:
+            _label(request, path["model"], None)  # OVMS: version 0 is every version's status
+            models = self.registry.versions(path["model"])
+        elif "model" in path:
             models = [self._v1_model(request, path["model"], target)]
         else:
             _label(request, target, None)

@@ -75,18 +75,15 @@ def numeric_version(version: str) -> int | None:
 def tensor_info(entry: dict[str, Any]) -> dict[str, Any]:
     """One OIP metadata entry as a ``TensorInfo`` (proto3 JSON: int64 sizes are strings)."""
     shape = entry.get("shape")
-    info: dict[str, Any] = {
+    if isinstance(shape, list):
+        dims = {"dim": [{"size": str(int(d)), "name": ""} for d in shape], "unknown_rank": False}
+    else:
+        dims = {"dim": [], "unknown_rank": True}
+    return {
         "dtype": DT_NAMES.get(str(entry.get("datatype", "")), "DT_INVALID"),
         "name": str(entry.get("name", "")),
+        "tensor_shape": dims,
     }
-    if isinstance(shape, list):
-        info["tensor_shape"] = {
-            "dim": [{"size": str(int(d)), "name": ""} for d in shape],
-            "unknown_rank": False,
-        }
-    else:
-        info["tensor_shape"] = {"dim": [], "unknown_rank": True}
-    return info
 
 
 def signature_def(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -99,17 +96,44 @@ def signature_def(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def metadata_body(name: str, version: str, metadata: dict[str, Any]) -> dict[str, Any]:
-    """``GET /v1/models/{m}/metadata``: TF Serving's answer, the signature map included."""
-    number = numeric_version(version)
+def _camel_signature(sig: dict[str, Any]) -> dict[str, Any]:
+    """``sig``'s field names in proto3 JSON's camelCase (map keys, the tensor names, kept)."""
+
+    def info(value: dict[str, Any]) -> dict[str, Any]:
+        shape = value["tensor_shape"]
+        return {
+            "dtype": value["dtype"],
+            "name": value["name"],
+            "tensorShape": {"dim": shape["dim"], "unknownRank": shape["unknown_rank"]},
+        }
+
     return {
-        "model_spec": {
-            "name": name,
-            "signature_name": "",
-            "version": str(number) if number is not None else version,
-        },
+        "inputs": {k: info(v) for k, v in sig["inputs"].items()},
+        "outputs": {k: info(v) for k, v in sig["outputs"].items()},
+        "methodName": sig["method_name"],
+        "defaults": {},
+    }
+
+
+def metadata_body(name: str, version: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/models/{m}/metadata``: TF Serving's answer (snake_case field names, as TF
+    Serving prints them), with OVMS's camelCase names beside them (``modelSpec``,
+    ``signatureDef``, ``tensorShape``: what OVMS answers and ``ovmsclient`` reads)."""
+    number = numeric_version(version)
+    spec = {
+        "name": name,
+        "signature_name": "",
+        "version": str(number) if number is not None else version,
+    }
+    sig = signature_def(metadata)
+    return {
+        "model_spec": spec,
+        "modelSpec": {"name": name, "signatureName": "", "version": spec["version"]},
         "metadata": {
-            "signature_def": {"signature_def": {DEFAULT_SIGNATURE: signature_def(metadata)}}
+            "signature_def": {
+                "signature_def": {DEFAULT_SIGNATURE: sig},
+                "signatureDef": {DEFAULT_SIGNATURE: _camel_signature(sig)},
+            }
         },
     }
 

@@ -304,3 +304,30 @@ def test_ort_grpc_predict(server: RestServer) -> None:
     got = np.frombuffer(answer.outputs["y"].raw_data, dtype="<f4").reshape(2, 4)
     np.testing.assert_array_equal(got, models.run_onnx(server.scale["2"], {"x": x})[0])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ----- OVMS's ovmsclient (TF Serving's API, gRPC and REST) -------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["grpc", "http"])
+def test_ovmsclient(server: RestServer, kind: str) -> None:
+    import ovmsclient
+
+    if kind == "grpc":
+        client = ovmsclient.make_grpc_client(server.grpc_inference)
+    else:
+        client = ovmsclient.make_http_client(server.inference.removeprefix("http://"))
+    x = x_rows(6)
+    # ovmsclient sends version 0 when none is given: the default version (1).
+    got = client.predict(inputs={"x": x}, model_name="scale")
+    np.testing.assert_allclose(got, models.run_onnx(server.scale["1"], {"x": x})[0], rtol=1e-6)
+    got = client.predict(inputs={"x": x}, model_name="scale", model_version=2)
+    np.testing.assert_allclose(got, models.run_onnx(server.scale["2"], {"x": x})[0], rtol=1e-6)
+    meta = client.get_model_metadata(model_name="scale", model_version=2)
+    assert meta["model_version"] == 2
+    assert meta["inputs"]["x"] == {"shape": [-1, 4], "dtype": "DT_FLOAT"}
+    assert meta["outputs"]["y"]["dtype"] == "DT_FLOAT"
+    status = client.get_model_status(model_name="scale")
+    assert {v: s["state"] for v, s in status.items()} == {1: "AVAILABLE", 2: "AVAILABLE"}
+    with pytest.raises(ovmsclient.ModelNotFoundError):
+        client.predict(inputs={"x": x}, model_name="nope")
