@@ -24,7 +24,12 @@ GRPCIO_TOOLS_VERSION = "1.81.1"
 HERE = Path(__file__).resolve().parent
 PROTOS = HERE / "protos"
 GEN = HERE / "gen"
-FILES = ("inference.proto", "management.proto", "open_inference_grpc.proto")
+FILES = (
+    "inference.proto",
+    "management.proto",
+    "open_inference_grpc.proto",
+    "model_config.proto",
+)
 
 
 def generate(out: Path) -> None:
