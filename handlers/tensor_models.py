@@ -103,6 +103,8 @@ class ModelAdapter:
 
     platform = ""
     batchable = True  # may requests be concatenated along dimension 0?
+    # Triton's max_batch_size (config.pbtxt): requests with more rows are refused; 0: no limit.
+    max_batch_size = 0
 
     def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
         self.inputs = inputs
@@ -111,6 +113,9 @@ class ModelAdapter:
         # JSON values are cast to them and metadata states them; typed requests are not held
         # to them (a module may take several dtypes).
         self.learned: dict[str, str] = {}
+        # Triton's reshape: name -> the shape the model takes (inputs) or gives (outputs),
+        # without the batch dimension when the model batches.
+        self.reshapes: dict[str, list[int]] = {}
 
     def metadata(self) -> dict[str, Any]:
         inputs = [
@@ -127,6 +132,38 @@ class ModelAdapter:
     def run(self, feeds: Feeds) -> Outputs:
         raise NotImplementedError
 
+    def run_declared(self, feeds: Feeds) -> Outputs:
+        """`run`, with the declared reshapes applied to inputs before and outputs after."""
+        if not self.reshapes:
+            return self.run(feeds)
+        feeds = {
+            name: (self._reshaped(name, array), datatype)
+            for name, (array, datatype) in feeds.items()
+        }
+        outputs = self.run(feeds)
+        declared = {s.name: s for s in self.outputs}
+        reshaped = []
+        for name, array, datatype in outputs:
+            spec = declared.get(name)
+            if name in self.reshapes and spec is not None and spec.shape:
+                dims = spec.shape[1:] if self.max_batch_size > 0 else spec.shape
+                lead = [array.shape[0]] if self.max_batch_size > 0 and array.ndim else []
+                array = array.reshape(lead + [d if d >= 0 else -1 for d in dims])
+            reshaped.append((name, array, datatype))
+        return reshaped
+
+    def _reshaped(self, name: str, array: np.ndarray) -> np.ndarray:
+        shape = self.reshapes.get(name)
+        if shape is None:
+            return array
+        lead = [array.shape[0]] if self.max_batch_size > 0 and array.ndim else []
+        try:
+            return array.reshape(lead + shape)
+        except ValueError:
+            raise InvalidTensorInput(
+                f"input '{name}' of shape {list(array.shape)} cannot be reshaped to {shape}"
+            ) from None
+
     def apply_declared(self, config: dict[str, Any]) -> None:
         """Declared metadata wins over what was read from the model (names map by position)."""
         inputs = declared_specs(config, "inputs")
@@ -136,6 +173,20 @@ class ModelAdapter:
         if outputs is not None:
             self.outputs = outputs
         self.platform = declared_platform(config) or self.platform
+        metadata = config.get("metadata") if isinstance(config, dict) else None
+        if isinstance(metadata, dict):
+            self.max_batch_size = _non_negative(metadata.get("maxBatchSize"))
+            for key in ("inputs", "outputs"):
+                for entry in metadata.get(key) or []:
+                    if isinstance(entry, dict) and isinstance(entry.get("reshape"), list):
+                        self.reshapes[str(entry["name"])] = [int(d) for d in entry["reshape"]]
+
+
+def _non_negative(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 # ----- ONNX -----------------------------------------------------------------------------------
@@ -380,6 +431,13 @@ _PHASES = ("handle", "preprocess", "inference", "postprocess")
 def check_feeds(adapter: ModelAdapter, feeds: Feeds, model: str, *, strict: bool) -> None:
     """Raise 400 for unknown or missing inputs, a wrong datatype (``strict``) or a wrong shape."""
     specs = {s.name: s for s in adapter.inputs}
+    limit = adapter.max_batch_size
+    if limit > 0:
+        rows = max((array.shape[0] for array, _ in feeds.values() if array.ndim), default=0)
+        if rows > limit:  # Triton's words for it
+            raise InvalidTensorInput(
+                f"inference request batch-size must be <= {limit} for '{model}'"
+            )
     for name in feeds:
         if name not in specs:
             raise InvalidTensorInput(f"unexpected inference input '{name}' for model '{model}'")
@@ -513,7 +571,7 @@ def run_jobs(adapter: ModelAdapter, jobs: list[Job]) -> dict[int, Outputs | Exce
             continue
         for job in group:
             try:
-                results[job.key] = adapter.run(job.feeds)
+                results[job.key] = adapter.run_declared(job.feeds)
             except Exception as exc:  # reported per request by the caller
                 results[job.key] = exc
     return results
@@ -528,7 +586,7 @@ def _run_together(
     for name, (_, datatype) in group[0].feeds.items():
         feeds[name] = (np.concatenate([job.feeds[name][0] for job in group]), datatype)
     try:
-        outputs = adapter.run(feeds)
+        outputs = adapter.run_declared(feeds)
     except Exception:
         # One request may be at fault: run them one by one so only that one fails.
         logger.debug("A concatenated batch failed; running its requests one by one", exc_info=True)

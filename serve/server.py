@@ -31,6 +31,7 @@ from serve.http.servers import bind_socket, run_servers
 from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
+from serve.store.layouts import scan_store
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
@@ -298,7 +299,8 @@ class Server:
         # A model that fails to load stays registered, so /ping reports it (TorchServe's /ping
         # stays blind to such failures).
         models = []
-        for spec in expand_models(self.config.load_models, self.config.model_store):
+        specs = expand_models(self.config.load_models, self.config.model_store, self.startup)
+        for spec in specs:
             name, _, url = spec.rpartition("=")
             try:
                 models.append(
@@ -317,6 +319,26 @@ class Server:
                     "Model %s version %s failed to load: %s", model.name, model.version, result
                 )
                 self.startup.fail(f"{model.name} {model.version}", str(result))
+        self.startup.notes.extend(self.registry.notes.values())
+        self._note_store_outcome(specs, sum(not isinstance(r, Exception) for r in results))
+
+    def _note_store_outcome(self, specs: list[str], loaded: int) -> None:
+        """``--models all`` that found entries in the store but loaded none says so plainly."""
+        if "all" not in " ".join(self.config.load_models).replace(",", " ").split():
+            return
+        if loaded:
+            return
+        store = self.config.model_store
+        found = len(specs) + len(self.startup.skipped)
+        if found:
+            line = (
+                f"--models all loaded no model: the model store {store} has {found} "
+                f"entr{'ies' if found != 1 else 'y'}, none of which loaded (see above)."
+            )
+        else:
+            line = f"--models all: the model store {store} holds no models; none are served."
+        logger.warning("%s", line)
+        self.startup.notes.append(line)
 
     async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
         """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with
@@ -357,30 +379,27 @@ class Server:
             server_record.remove_own(self.state_file)
 
 
-def expand_models(specs: list[str], model_store: str | None) -> list[str]:
-    """``--models`` entries as ``name=url`` or ``url``; ``all`` means every archive in the store."""
+def expand_models(
+    specs: list[str], model_store: str | None, report: StartupReport | None = None
+) -> list[str]:
+    """``--models`` entries as ``name=url`` or ``url``; ``all`` means every model in the store
+    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files).
+    The entries ``all`` skips are logged and added to ``report``, with the reason."""
     out: list[str] = []
     for spec in specs:
         for part in spec.replace(",", " ").split():
-            if part == "all":
-                out.extend(_store_archives(model_store))
-            else:
+            if part != "all":
                 out.append(part)
+                continue
+            if not model_store:
+                continue
+            listing = scan_store(Path(model_store))
+            out.extend(listing.models)
+            for name, reason in listing.skipped:
+                logger.warning("Skipped %s in the model store: %s", name, reason)
+                if report is not None:
+                    report.skipped.append((name, reason))
     return out
-
-
-def _store_archives(model_store: str | None) -> list[str]:
-    if not model_store or not Path(model_store).is_dir():
-        return []
-    found = []
-    for entry in sorted(Path(model_store).iterdir()):
-        if entry.name.startswith("."):
-            continue
-        if entry.is_file() and entry.name.endswith((".mar", ".tar.gz", ".tgz")):
-            found.append(entry.name)
-        elif entry.is_dir() and (entry / "MAR-INF" / "MANIFEST.json").is_file():
-            found.append(entry.name)
-    return found
 
 
 class ListenError(OSError):

@@ -27,6 +27,9 @@ class StartupReport:
     restored: list[str] = field(default_factory=list)  # "name version" of each restored model
     unused_models: list[str] = field(default_factory=list)  # --models ignored for the snapshot
     failed: list[tuple[str, str]] = field(default_factory=list)  # (model, reason)
+    # Store entries ``--models all`` did not take: (name, reason); and a line when it took none.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line each: settings not honoured...
 
     def fail(self, model: str, reason: str) -> None:
         self.failed.append((model, " ".join(reason.split())))  # one line each
@@ -42,15 +45,20 @@ class StartupReport:
             restored=list(data.get("restored") or []),
             unused_models=list(data.get("unused_models") or []),
             failed=[(str(m), str(r)) for m, r in data.get("failed") or []],
+            skipped=[(str(m), str(r)) for m, r in data.get("skipped") or []],
+            notes=[str(n) for n in data.get("notes") or []],
         )
 
 
 def report_lines(report: StartupReport) -> list[str]:
-    """The lines ``serve start`` prints about the snapshot it restored (none when none was)."""
+    """The lines ``serve start`` prints about the snapshot it restored, the store entries it
+    skipped and the notes on what it loaded (none when there are none)."""
+    lines = [f"Skipped {name} in the model store: {reason}" for name, reason in report.skipped]
+    lines += report.notes
     if report.snapshot is None:
-        return []
+        return lines
     brought = ", ".join(report.restored) if report.restored else "no models"
-    lines = [f"Restored snapshot {report.snapshot}: {brought}."]
+    lines.append(f"Restored snapshot {report.snapshot}: {brought}.")
     if report.unused_models:
         lines.append(
             f"Warning: --models {','.join(report.unused_models)} was not used: the snapshot was "

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from archiver import ArchiveError, open_archive
+from archiver import ArchiveError
 from serve.config import Config, ModelSettings
 from serve.core import admission
 from serve.core.devices import visible_gpus
@@ -29,6 +29,7 @@ from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
 from serve.identifiers import shown
+from serve.store.layouts import ModelLayout, open_version, recognise
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
     BadRequest,
@@ -128,6 +129,9 @@ class Registry:
         self.failure_counts: dict[tuple[str, str], int] = {}
         self.load_seconds: dict[tuple[str, str], float] = {}
         self.swaps: dict[str, int] = {}
+        # model -> the line naming what of its config.pbtxt Lantern does not honour (startup
+        # report, once per model)
+        self.notes: dict[str, str] = {}
         # Memory admission's promises (see `_admit_host`): what one worker of a version was
         # admitted with, and the worker counts admitted that are not (all) started yet.
         self._per_worker: dict[tuple[str, str], int] = {}
@@ -202,9 +206,34 @@ class Registry:
         if initial_workers is not None and initial_workers < 0:
             raise BadRequest("initial_workers cannot be negative.")
         location = await self.sources.resolve(url)
+        try:
+            layout = await asyncio.to_thread(recognise, location.path)
+            versions = [""] if layout.kind == "archive" else layout.served_versions(version)
+        except ArchiveError as exc:
+            _forget_download(location)
+            logger.warning("Refused model %s: %s", url, exc)
+            raise BadRequest(f"Invalid model {url}: {client_message(str(exc))}") from exc
+        if layout.not_honoured:
+            self._note_not_honoured(model_name or layout.name, layout)
+        if len(versions) > 1:  # a versioned folder: each served version, the highest the default
+            registered = None
+            for one in versions:
+                each: LoadOptions = {**options, "make_default": one == versions[-1]}
+                registered = await self.register(
+                    url,
+                    model_name=model_name or layout.name,
+                    handler=handler,
+                    runtime=runtime,
+                    model_url=model_url,
+                    version=one,
+                    workflow=workflow,
+                    **each,
+                )
+            assert registered is not None
+            return registered
         dest = self.extract_dir / uuid.uuid4().hex
         try:
-            archive = await asyncio.to_thread(open_archive, location.path, dest)
+            archive = await asyncio.to_thread(open_version, layout, versions[0], dest)
             name = model_name or archive.model_name
             version = version or str(archive.version or "1.0")
             _check_name(name, "model name")
@@ -242,6 +271,16 @@ class Registry:
         return await self.add_source(
             name, version, source, store_name=location.store_name, **options
         )
+
+    def _note_not_honoured(self, name: str, layout: ModelLayout) -> None:
+        """One line per model naming the settings of its config Lantern does not honour."""
+        line = (
+            f"Model {name} ({layout.config_file or layout.path}): Lantern does not honour "
+            f"{', '.join(layout.not_honoured)}"
+        )
+        if self.notes.get(name) != line:
+            self.notes[name] = line
+            logger.warning("%s", line)
 
     async def add_source(
         self,

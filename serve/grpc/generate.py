@@ -25,7 +25,12 @@ GRPCIO_TOOLS_VERSION = "1.81.1"
 HERE = Path(__file__).resolve().parent
 PROTOS = HERE / "protos"
 GEN = HERE / "gen"
-FILES = ("inference.proto", "management.proto", "open_inference_grpc.proto")
+FILES = (
+    "inference.proto",
+    "management.proto",
+    "open_inference_grpc.proto",
+    "model_config.proto",
+)
 # TF Serving's API and the TensorFlow files it needs, vendored under their own paths. Their modules
 # land in packages under ``gen/`` (``gen/tensorflow_serving/apis/predict_pb2.py``) whose imports are
 # rewritten to live under ``serve.grpc.gen``: a top-level ``tensorflow`` package of ours would
@@ -35,7 +40,7 @@ _IMPORT = re.compile(rf"^from ({'|'.join(TREES)})((?:\.\w+)*) import ", re.MULTI
 
 
 # ONNX Runtime Server's files: compiled to one descriptor set (``gen/onnxruntime_server.binpb``)
-# that ``serve/grpc/ort_messages.py`` loads into a private pool, not into protobuf's default one,
+# that ``serve/grpc/ort_codec.py`` loads into a private pool, not into protobuf's default one,
 # where its ``onnx.TensorProto`` would clash with the ``onnx`` package's.
 ORT = PROTOS / "onnxruntime_server"
 ORT_SET = "onnxruntime_server.binpb"
