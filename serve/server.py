@@ -32,6 +32,12 @@ from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
 from serve.store.layouts import scan_store
+from serve.store.tfs_config import (
+    ConfigWatcher,
+    ModelsConfigError,
+    read_models_config,
+    single_model,
+)
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
@@ -208,16 +214,46 @@ class Server:
     async def _watch_store(self, loader: asyncio.Task[None]) -> None:
         """With ``watch_model_store``: keep the served versions in line with the store
         (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
-        if not self.config.watch_model_store or not self.config.model_store:
+        config = self.config
+        tf_serving = bool(config.model_config_file or config.model_base_path)
+        if not tf_serving and (not config.watch_model_store or not config.model_store):
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(loader)
         if self.stop_event.is_set():
             return
-        self.watcher = StoreWatcher(
-            self.registry, Path(self.config.model_store), self.config.watch_interval
-        )
+        if tf_serving:
+            self.watcher = self._config_watcher()
+            if self.watcher is None:
+                return
+        else:
+            self.watcher = StoreWatcher(
+                self.registry, Path(str(config.model_store)), config.watch_interval
+            )
         await self.watcher.run()
+
+    def _config_watcher(self) -> StoreWatcher | None:
+        """TF Serving's start: the models of ``model_config_file``, or ``model_name`` from
+        ``model_base_path`` (serve/store/tfs_config.py); None (and said) when the file is bad."""
+        config = self.config
+        config_file = Path(config.model_config_file) if config.model_config_file else None
+        try:
+            if config_file is not None:
+                models = read_models_config(config_file)
+            else:
+                models = single_model(str(config.model_name), str(config.model_base_path))
+        except ModelsConfigError as exc:
+            logger.error("%s", exc)
+            self.startup.fail(str(config_file), str(exc))
+            return None
+        return ConfigWatcher(
+            self.registry,
+            self.state.labels,
+            config_file=config_file,
+            models=models,
+            interval=config.watch_interval,
+            config_poll=config.model_config_file_poll_wait_seconds,
+        )
 
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
         if self.watcher is not None:

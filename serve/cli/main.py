@@ -113,6 +113,31 @@ def main() -> None:
     default=None,
     help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
 )
+@click.option(
+    "--model_config_file",
+    "--model-config-file",
+    "model_config_file",
+    default=None,
+    help="Serve the models of a TF Serving models.config (docs/migrating-from-tf-serving.md).",
+)
+@click.option(
+    "--model_config_file_poll_wait_seconds",
+    "--model-config-file-poll-wait-seconds",
+    "model_config_file_poll_wait_seconds",
+    type=float,
+    default=None,
+    help="Re-read --model_config_file this often (0: read once, TF Serving's default).",
+)
+@click.option(
+    "--model_name", "--model-name", "model_name", default=None, help="TF Serving's single model."
+)
+@click.option(
+    "--model_base_path",
+    "--model-base-path",
+    "model_base_path",
+    default=None,
+    help="The versioned tree (<base>/<version>/) of --model_name, its latest version served.",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -164,6 +189,10 @@ def _load_config(options: dict[str, Any]) -> Config:
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
         "watch_model_store": options["watch"],
+        "model_config_file": options["model_config_file"],
+        "model_config_file_poll_wait_seconds": options["model_config_file_poll_wait_seconds"],
+        "model_name": options["model_name"],
+        "model_base_path": options["model_base_path"],
     }
     if options["models"]:
         overrides["load_models"] = list(options["models"])

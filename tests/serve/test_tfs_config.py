@@ -1,0 +1,92 @@
+"""TF Serving's models.config read into the models Lantern serves (in-process table tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serve.store.tfs_config import ModelsConfigError, parse_models_config, single_model
+from serve.store.version_policy import VersionPolicy
+
+GOOD = """
+model_config_list {
+  config {
+    name: "resnet"
+    base_path: "/models/resnet"
+    model_platform: "tensorflow"
+    model_version_policy { specific { versions: 1 versions: 3 } }
+    version_labels { key: "stable" value: 1 }
+    version_labels { key: "canary" value: 3 }
+  }
+  config { name: "scale" base_path: "scale" model_version_policy { all {} } }
+  config { name: "plain" base_path: "plain" model_platform: "onnx" }
+  config { name: "two" base_path: "two" model_version_policy { latest { num_versions: 2 } } }
+}
+"""
+
+
+def test_a_models_config() -> None:
+    models = {m.name: m for m in parse_models_config(GOOD, "models.config", Path("/srv"))}
+    assert list(models) == ["resnet", "scale", "plain", "two"]
+    resnet = models["resnet"]
+    assert resnet.base_path == Path("/models/resnet") and resnet.platform == "tensorflow"
+    assert resnet.policy == VersionPolicy("specific", specific=("1", "3"))
+    assert resnet.labels == {"stable": "1", "canary": "3"}
+    assert models["scale"].base_path == Path("/srv/scale")  # relative to the file's folder
+    assert models["scale"].policy == VersionPolicy("all")
+    assert models["plain"].policy == VersionPolicy()  # TF Serving's default: the latest one
+    assert models["two"].policy == VersionPolicy("latest", latest=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('model_config_list { config { name: "a" base_path: "a" }', "not a ModelServerConfig"),
+        ('model_config_list { config { name: "a" bse_path: "a" } }', "not a ModelServerConfig"),
+        ('model_config_list { config { name: "a" } }', "needs a name and a base_path"),
+        (
+            'model_config_list { config { name: "a" base_path: "a" } '
+            'config { name: "a" base_path: "b" } }',
+            "listed twice",
+        ),
+        (
+            'model_config_list { config { name: "a" base_path: "a" model_platform: "caffe" } }',
+            "unknown model_platform 'caffe'",
+        ),
+        (
+            'model_config_list { config { name: "a" base_path: "a" '
+            "model_version_policy { specific {} } } }",
+            "must list versions",
+        ),
+        ("custom_model_config {}", "custom_model_config is not supported"),
+    ],
+)
+def test_bad_models_configs(text: str, fragment: str) -> None:
+    with pytest.raises(ModelsConfigError) as caught:
+        parse_models_config(text, "models.config", Path("/srv"))
+    assert fragment in str(caught.value) and "models.config" in str(caught.value)
+
+
+def test_single_model_start(tmp_path: Path) -> None:
+    (model,) = single_model("resnet", str(tmp_path / "resnet"))
+    assert model.name == "resnet" and model.base_path == tmp_path / "resnet"
+    assert model.policy == VersionPolicy()
+
+
+def test_tf_serving_start_settings(tmp_path: Path) -> None:
+    from serve.config import Config, ConfigError
+
+    tree = tmp_path / "models" / "half"
+    config = Config.from_mapping({"model_name": "half", "model_base_path": str(tree)})
+    assert config.model_store == str(tmp_path / "models")  # the tree's parent, as TF Serving's
+    config = Config.from_mapping({"model_config_file": str(tmp_path / "models" / "models.config")})
+    assert config.model_store == str(tmp_path / "models")
+    given = Config.from_mapping({"model_config_file": "/a/m.config", "model_store": str(tmp_path)})
+    assert given.model_store == str(tmp_path)
+    with pytest.raises(ConfigError, match="needs a 'model_name'"):
+        Config.from_mapping({"model_base_path": str(tree)})
+    with pytest.raises(ConfigError, match="not both"):
+        Config.from_mapping(
+            {"model_name": "a", "model_base_path": str(tree), "model_config_file": "/m.config"}
+        )
