@@ -92,6 +92,11 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
         self.initialized = True
 
     def _load_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
+        if model_pt_path and os.path.isfile(os.path.join(model_pt_path, "saved_model.pb")):
+            from handlers.savedmodel import load_savedmodel  # TensorFlow: only when asked for
+
+            properties = self.context.system_properties if self.context else {}
+            return load_savedmodel(model_pt_path, properties.get("num_threads"))
         if model_pt_path and model_pt_path.endswith(".onnx"):
             return self._load_onnx_model(model_pt_path)
         if model_pt_path and model_pt_path.endswith(".pt2"):

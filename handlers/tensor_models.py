@@ -403,7 +403,11 @@ def adapter_for(service: Any) -> ModelAdapter | None:
     model = handler.model
     config = getattr(handler, "model_yaml_config", None) or {}
     adapter: ModelAdapter
-    if isinstance(model, OnnxModel):
+    if type(model).__name__ == "SavedModel" and type(model).__module__ == "handlers.savedmodel":
+        from handlers.savedmodel import SavedModelAdapter
+
+        adapter = SavedModelAdapter(model)
+    elif isinstance(model, OnnxModel):
         adapter = OnnxAdapter(model.session)
     else:
         import torch

@@ -31,6 +31,7 @@ from google.protobuf import text_format
 
 from serve.core.version_labels import VersionLabels
 from serve.grpc.gen.tensorflow_serving.config import model_server_config_pb2
+from serve.store import savedmodel  # noqa: F401  (plugs SavedModels into the loader)
 from serve.store.layouts import NotAModel, recognise
 from serve.store.version_policy import VersionPolicy
 from serve.store.watcher import Candidate, StoreWatcher, fingerprint

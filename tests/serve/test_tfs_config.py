@@ -90,3 +90,28 @@ def test_tf_serving_start_settings(tmp_path: Path) -> None:
         Config.from_mapping(
             {"model_name": "a", "model_base_path": str(tree), "model_config_file": "/m.config"}
         )
+
+
+def test_savedmodel_layouts(tmp_path: Path) -> None:
+    from serve.store import savedmodel
+    from serve.store.layouts import recognise
+
+    tree = tmp_path / "resnet"
+    for version in ("1", "3"):
+        (tree / version / "variables").mkdir(parents=True)
+        (tree / version / "saved_model.pb").write_bytes(b"")
+    (tree / "notes").mkdir()
+    layout = recognise(tree)
+    assert (layout.name, layout.kind, sorted(layout.versions)) == (
+        "resnet",
+        "versioned",
+        ["1", "3"],
+    )
+    assert layout.model_config["metadata"]["platform"] == "tensorflow_savedmodel"
+    archive = savedmodel.open_saved_model(layout, "3", tmp_path / "open")
+    assert archive.manifest["model"]["serializedFile"] == "saved_model"
+    assert (archive.model_dir / "saved_model").resolve() == (tree / "3").resolve()
+    alone = recognise(tree / "3")  # one SavedModel folder: the version its name says
+    assert (alone.name, list(alone.versions)) == ("resnet", ["3"])
+    (tmp_path / "plain").mkdir()
+    assert savedmodel.recognise_saved_model(tmp_path / "plain") is None
