@@ -122,6 +122,7 @@ class Config:
     model_config_file_poll_wait_seconds: float = 0.0
     model_name: str | None = None
     model_base_path: str | None = None
+    batching_parameters_file: str | None = None  # TF Serving's BatchingParameters for every model
     memory_admission: bool = True  # refuse (507) workers the host has no memory for
     memory_reserve_mb: int = 256  # memory kept free on the host
     gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU

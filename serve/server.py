@@ -32,6 +32,7 @@ from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
 from serve.store.layouts import scan_store
+from serve.store.tfs_batching import BatchingError, read_batching
 from serve.store.tfs_config import (
     ConfigWatcher,
     ModelsConfigError,
@@ -242,9 +243,12 @@ class Server:
                 models = read_models_config(config_file)
             else:
                 models = single_model(str(config.model_name), str(config.model_base_path))
-        except ModelsConfigError as exc:
+            batching = None
+            if config.batching_parameters_file:
+                batching = read_batching(Path(config.batching_parameters_file))
+        except (ModelsConfigError, BatchingError) as exc:
             logger.error("%s", exc)
-            self.startup.fail(str(config_file), str(exc))
+            self.startup.fail(str(config_file or config.batching_parameters_file), str(exc))
             return None
         return ConfigWatcher(
             self.registry,
@@ -253,6 +257,7 @@ class Server:
             models=models,
             interval=config.watch_interval,
             config_poll=config.model_config_file_poll_wait_seconds,
+            batching=batching,
         )
 
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:

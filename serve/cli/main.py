@@ -138,6 +138,13 @@ def main() -> None:
     default=None,
     help="The versioned tree (<base>/<version>/) of --model_name, its latest version served.",
 )
+@click.option(
+    "--batching_parameters_file",
+    "--batching-parameters-file",
+    "batching_parameters_file",
+    default=None,
+    help="TF Serving's BatchingParameters for the models of a TF Serving-style start.",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -193,6 +200,7 @@ def _load_config(options: dict[str, Any]) -> Config:
         "model_config_file_poll_wait_seconds": options["model_config_file_poll_wait_seconds"],
         "model_name": options["model_name"],
         "model_base_path": options["model_base_path"],
+        "batching_parameters_file": options["batching_parameters_file"],
     }
     if options["models"]:
         overrides["load_models"] = list(options["models"])

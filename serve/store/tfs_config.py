@@ -25,7 +25,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
 
@@ -33,6 +33,7 @@ from serve.core.version_labels import VersionLabels
 from serve.grpc.gen.tensorflow_serving.config import model_server_config_pb2
 from serve.store import savedmodel  # noqa: F401  (plugs SavedModels into the loader)
 from serve.store.layouts import NotAModel, recognise
+from serve.store.tfs_batching import PER_MODEL, BatchingError, BatchingSettings, read_batching
 from serve.store.version_policy import VersionPolicy
 from serve.store.watcher import Candidate, StoreWatcher, fingerprint
 from serve.wire.errors import ServeError
@@ -136,6 +137,7 @@ class ConfigWatcher(StoreWatcher):
         models: list[ConfiguredModel],
         interval: float,
         config_poll: float = 0.0,
+        batching: BatchingSettings | None = None,
     ) -> None:
         store = registry.config.model_store
         super().__init__(registry, Path(store) if store else Path.cwd(), interval)
@@ -146,6 +148,7 @@ class ConfigWatcher(StoreWatcher):
         self._read_at = time.monotonic()
         self._stamp = self._file_stamp()
         self._label_warned: dict[str, str] = {}
+        self.batching = batching or BatchingSettings()
 
     def _file_stamp(self) -> tuple[float, int] | None:
         if self.config_file is None:
@@ -175,6 +178,24 @@ class ConfigWatcher(StoreWatcher):
         self._stamp = stamp
         self.models = {m.name: m for m in models}
         logger.info("Read %s again: %d models", self.config_file, len(models))
+
+    def settings_for(self, cand: Candidate) -> dict[str, Any] | None:
+        """TF Serving's batching parameters: the version's ``assets.extra/batching_params.pbtxt``,
+        else ``--batching_parameters_file``; what has no equivalent is said once per load."""
+        chosen = self.batching
+        own = cand.path / PER_MODEL
+        if own.is_file():
+            try:
+                chosen = read_batching(own)
+            except BatchingError as exc:
+                logger.error("Model %s: ignoring %s", cand.name, exc)
+        if chosen.not_honoured:
+            logger.warning(
+                "Model %s: Lantern does not honour the batching parameters %s",
+                cand.name,
+                ", ".join(chosen.not_honoured),
+            )
+        return dict(chosen.settings) or None
 
     def policy(self, name: str) -> VersionPolicy:
         model = self.models.get(name)

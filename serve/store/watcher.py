@@ -337,11 +337,19 @@ class StoreWatcher:
             for version in plan.unload:
                 await self._unload(name, version)
 
+    def settings_for(self, cand: Candidate) -> dict[str, Any] | None:
+        """Settings over the version's own model-config.yaml (none here; see ConfigWatcher)."""
+        return None
+
     async def _load(self, cand: Candidate) -> None:
         logger.info("Model store: loading %s version %s from %s", cand.name, cand.version, cand.url)
         try:
             await self.registry.register(
-                cand.url, model_name=cand.name, version=cand.version, synchronous=True
+                cand.url,
+                model_name=cand.name,
+                version=cand.version,
+                synchronous=True,
+                settings=self.settings_for(cand),
             )
         except Conflict:
             logger.info(

@@ -122,8 +122,13 @@ def test_models_config_start_labels_new_versions_and_rereads(server: StartServer
 def test_model_name_and_base_path_start(
     server: StartServer, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """TF Serving's single-model flags over a versioned tree."""
+    """TF Serving's single-model flags over a versioned tree, with a batching parameters file."""
     work = tmp_path_factory.mktemp("tfs-single")
+    batching = work / "batching.txt"
+    batching.write_text(
+        "max_batch_size { value: 4 } batch_timeout_micros { value: 50000 } "
+        "num_batch_threads { value: 1 } max_enqueued_batches { value: 5 }"
+    )
     tree = work / "models" / "half"
     for version in (1, 2):
         (tree / str(version)).mkdir(parents=True)
@@ -132,7 +137,14 @@ def test_model_name_and_base_path_start(
         work,
         tree.parent,
         [],
-        args=["--model_name", "half", "--model_base_path", str(tree)],
+        args=[
+            "--model_name",
+            "half",
+            "--model_base_path",
+            str(tree),
+            "--batching_parameters_file",
+            str(batching),
+        ],
         env={"LANTERN_WATCH_INTERVAL": "0.2"},
     )
     single.start()
@@ -143,5 +155,8 @@ def test_model_name_and_base_path_start(
         assert [s["version"] for s in status["model_version_status"]] == ["2"]
         x = np.ones((1, 4), dtype=np.float32)
         np.testing.assert_array_equal(predict(single, "/v1/models/half:predict", x), x * 3)
+        (described,) = single.describe("half")
+        assert (described["batchSize"], described["maxBatchDelay"]) == (4, 50)
+        assert (described["minWorkers"], described["maxWorkers"]) == (1, 1)
     finally:
         single.stop()

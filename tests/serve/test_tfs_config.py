@@ -115,3 +115,51 @@ def test_savedmodel_layouts(tmp_path: Path) -> None:
     assert (alone.name, list(alone.versions)) == ("resnet", ["3"])
     (tmp_path / "plain").mkdir()
     assert savedmodel.recognise_saved_model(tmp_path / "plain") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "settings", "ignored"),
+    [
+        (
+            "max_batch_size { value: 32 } batch_timeout_micros { value: 1500 } "
+            "max_enqueued_batches { value: 10 } num_batch_threads { value: 2 }",
+            {
+                "batchSize": 32,
+                "maxBatchDelay": 2,
+                "jobQueueSize": 320,
+                "minWorkers": 2,
+                "maxWorkers": 2,
+            },
+            (),
+        ),
+        ("batch_timeout_micros { value: 0 }", {"maxBatchDelay": 0}, ()),
+        (
+            "max_batch_size { value: 8 } allowed_batch_sizes: 4 allowed_batch_sizes: 8 "
+            'pad_variable_length_inputs: true thread_pool_name { value: "p" }',
+            {"batchSize": 8},
+            ("thread_pool_name", "allowed_batch_sizes", "pad_variable_length_inputs"),
+        ),
+        ("", {}, ()),
+    ],
+)
+def test_batching_parameters(text: str, settings: dict[str, int], ignored: tuple[str, ...]) -> None:
+    from serve.store.tfs_batching import parse_batching
+
+    got = parse_batching(text, "batching.txt")
+    assert got.settings == settings and got.not_honoured == ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("max_batch_size { value: 0 }", "max_batch_size must be at least 1"),
+        ("max_batch_size: 3", "not a BatchingParameters"),
+        ("num_batch_threads { value: -1 }", "num_batch_threads must be at least 1"),
+        ("batch_timeout_micros { value: -5 }", "cannot be negative"),
+    ],
+)
+def test_bad_batching_parameters(text: str, fragment: str) -> None:
+    from serve.store.tfs_batching import BatchingError, parse_batching
+
+    with pytest.raises(BatchingError, match=fragment):
+        parse_batching(text, "batching.txt")
