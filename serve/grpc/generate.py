@@ -53,14 +53,13 @@ def tree_files() -> list[str]:
     )
 
 
-def _rehome(out: Path) -> None:
-    """Point the generated TF modules' imports at ``serve.grpc.gen`` and make each folder a
-    package."""
+def rehome(out: Path, prefix: str = "serve.grpc.gen") -> None:
+    """Point the generated TF modules' imports at ``prefix`` and make each folder a package."""
     for tree in TREES:
         for path in (out / tree).rglob("*"):
             if path.suffix in (".py", ".pyi"):
                 text = path.read_text()
-                path.write_text(_IMPORT.sub(r"from serve.grpc.gen.\1\2 import ", text))
+                path.write_text(_IMPORT.sub(rf"from {prefix}.\1\2 import ", text))
         for folder in [out / tree, *(d for d in (out / tree).rglob("*") if d.is_dir())]:
             (folder / "__init__.py").write_text(_INIT)
 
@@ -88,7 +87,7 @@ def generate(out: Path) -> None:
         *tree_files(),
     ]
     subprocess.run(cmd, check=True, cwd=PROTOS)
-    _rehome(out)
+    rehome(out)
     ort = [
         sys.executable,
         "-m",
