@@ -9,6 +9,7 @@ for the server to show it).
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,15 +89,36 @@ def test_models_config_start_labels_new_versions_and_rereads(server: StartServer
     )
     np.testing.assert_array_equal(predict(server, "/v1/models/scale:predict", x), x * 3)
 
-    # A new version folder is polled in, and becomes the default.
-    (server.tree / "3").mkdir()
-    shutil.copy(server.onnx[3], server.tree / "3" / "model.onnx")
-    wait_for(lambda: served(server).get("3") == "AVAILABLE", 90, "version 3")
-    wait_for(
-        lambda: float(predict(server, "/v1/models/scale:predict", x)[0, 0]) == 4.0,
-        60,
-        "version 3 as the default",
-    )
+    # A new version folder is polled in and becomes the default, under load: no request fails.
+    stop = threading.Event()
+    answers: list[float] = []
+    failures: list[str] = []
+
+    def load() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                resp = client.post(
+                    f"{server.inference}/v1/models/scale:predict", json={"instances": x.tolist()}
+                )
+                if resp.status_code == 200:
+                    answers.append(resp.json()["predictions"][0][0])
+                else:
+                    failures.append(f"{resp.status_code} {resp.text}")
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        (server.tree / "3").mkdir()
+        shutil.copy(server.onnx[3], server.tree / "3" / "model.onnx")
+        wait_for(lambda: served(server).get("3") == "AVAILABLE", 90, "version 3")
+        wait_for(lambda: answers and answers[-1] == 4.0, 60, "version 3 as the default")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert failures == []
+    assert set(answers) <= {3.0, 4.0} and 3.0 in answers  # version 2, then version 3
 
     # A broken config is said and changes nothing.
     server.config.write_text("model_config_list { config { name: ")
