@@ -189,7 +189,7 @@ def _ort_spec(arg: Any) -> TensorSpec:
 
 
 class OnnxAdapter(ModelAdapter):
-    platform = "onnx_onnxv1"
+    platform = "onnxruntime_onnx"
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -377,7 +377,7 @@ def adapter_for(service: Any) -> ModelAdapter | None:
 
         target = getattr(model, "_orig_mod", model)
         if isinstance(target, torch.jit.ScriptModule):
-            platform = "pytorch_torchscript"
+            platform = "pytorch_libtorch"
         elif isinstance(target, torch.fx.GraphModule):
             platform = "pytorch_export"
         elif isinstance(target, torch.nn.Module):

@@ -208,7 +208,8 @@ class Server:
     async def _watch_store(self, loader: asyncio.Task[None]) -> None:
         """With ``watch_model_store``: keep the served versions in line with the store
         (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
-        if not self.config.watch_model_store or not self.config.model_store:
+        watching = self.config.watch_model_store or self.config.model_control_mode == "poll"
+        if not watching or not self.config.model_store:
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(loader)

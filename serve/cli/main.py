@@ -113,6 +113,12 @@ def main() -> None:
     default=None,
     help="Watch the model store: load new versions, swap and unload (docs/model-updates.md).",
 )
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "poll", "explicit"]),
+    default=None,
+    help="Triton's: none (no load/unload), poll (= --watch), explicit (= --enable-model-api).",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -164,7 +170,13 @@ def _load_config(options: dict[str, Any]) -> Config:
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
         "watch_model_store": options["watch"],
+        "model_control_mode": options["model_control_mode"],
     }
+    mode = options["model_control_mode"]
+    if mode == "poll" and options["watch"] is None:
+        overrides["watch_model_store"] = True
+    if mode == "explicit" and options["enable_model_api"] is None:
+        overrides["enable_model_api"] = True
     if options["models"]:
         overrides["load_models"] = list(options["models"])
     if options["ncs"]:

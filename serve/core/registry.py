@@ -182,6 +182,7 @@ class Registry:
         model_url: str | None = None,
         version: str | None = None,
         workflow: str | None = None,
+        config_override: dict[str, Any] | None = None,
         **options: Unpack[LoadOptions],
     ) -> ModelVersion:
         """Open the archive ``url`` names, add it as a new version and start its workers
@@ -195,6 +196,7 @@ class Registry:
         Memory admission runs first (507 when the workers do not fit); a version whose workers
         cannot load or warm up is removed again and its failure recorded in `failures`.
         ``workflow`` names the workflow the version belongs to (left out of snapshots).
+        ``config_override`` (Triton's ModelConfig as JSON) replaces a model folder's config.pbtxt.
         """
         if model_name:
             _check_name(model_name, "model_name")
@@ -208,6 +210,8 @@ class Registry:
         location = await self.sources.resolve(url)
         try:
             layout = await asyncio.to_thread(recognise, location.path)
+            if config_override is not None:
+                layout.override_config(config_override, f"the configuration given for {url}")
             versions = [""] if layout.kind == "archive" else layout.served_versions(version)
         except ArchiveError as exc:
             _forget_download(location)
@@ -227,6 +231,7 @@ class Registry:
                     model_url=model_url,
                     version=one,
                     workflow=workflow,
+                    config_override=config_override,
                     **each,
                 )
             assert registered is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ FILES = (
     "inference.proto",
     "management.proto",
     "open_inference_grpc.proto",
-    "model_config.proto",
+    "model_config.proto",  # Triton's (BSD-3): config.pbtxt, and ModelConfig over gRPC
+    "grpc_service.proto",  # Triton's (BSD-3): its extensions' messages (repository, statistics)
 )
 
 
@@ -51,6 +53,14 @@ def generate(out: Path) -> None:
         *FILES,
     ]
     subprocess.run(cmd, check=True, cwd=PROTOS)
+    for path in out.iterdir():  # protoc imports a sibling module by its bare name
+        text = path.read_text()
+        fixed = _SIBLING_IMPORT.sub(r"from serve.grpc.gen import \1 as", text)
+        if fixed != text:
+            path.write_text(fixed)
+
+
+_SIBLING_IMPORT = re.compile(r"^import (\w+_pb2) as", re.MULTILINE)
 
 
 def main() -> int:

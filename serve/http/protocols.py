@@ -69,8 +69,11 @@ _BODY_HEADERS = frozenset(
 
 def protocol_routes(state: ServerState) -> list[BaseRoute]:
     """The ``/v1`` and ``/v2`` routes; each tree answers its own errors as ``{"error"}``."""
+    from serve.http.triton import triton_routes
+
     api = _Protocols(state)
     v2 = [
+        *triton_routes(state),
         Route("/", api.server_metadata, methods=["GET"]),
         Route("/health/live", api.live, methods=["GET"]),
         Route("/health/ready", api.ready, methods=["GET"]),

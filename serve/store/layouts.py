@@ -51,8 +51,11 @@ from archiver import ArchiveError, ModelArchive, open_archive
 from archiver.manifest import MANIFEST_PATH
 from serve.store.triton_config import (
     CONFIG_FILE,
+    TRITON_CONFIG,
     LayoutError,
     MappedConfig,
+    config_as_json,
+    config_from_json,
     map_config,
     read_config,
 )
@@ -133,6 +136,14 @@ class ModelLayout:
     def not_honoured(self) -> list[str]:
         return self.mapped.not_honoured
 
+    def override_config(self, config: dict[str, Any], where: str) -> None:
+        """Serve with ``config`` (Triton's ModelConfig as JSON, a load request's override) in
+        place of the config.pbtxt on disk, as Triton's load API does."""
+        parsed = config_from_json(config, where)
+        self.mapped = map_config(parsed, where)
+        self.mapped.model_config[TRITON_CONFIG] = config_as_json(parsed)
+        _set_platform(self)
+
     def served_versions(self, version: str | None = None) -> list[str]:
         """``version`` alone (if the layout has it), else what the version policy serves."""
         if version is not None:
@@ -194,7 +205,10 @@ def _versioned(path: Path) -> ModelLayout | None:
         return None
     config_path = path / CONFIG_FILE
     config = read_config(config_path) if config_path.is_file() else None
-    mapped = map_config(config, str(config_path)) if config is not None else MappedConfig()
+    mapped = MappedConfig()
+    if config is not None:
+        mapped = map_config(config, str(config_path))
+        mapped.model_config[TRITON_CONFIG] = config_as_json(config)
     default_name = config.default_model_filename if config is not None else ""
     versions: dict[str, Version] = {}
     for child in sorted(path.iterdir()):

@@ -31,7 +31,15 @@ from serve.wire.tensors import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_versions", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_versions",
+    "parameters",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 _UNSUPPORTED_PARAMS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
