@@ -8,6 +8,7 @@ One server on one store, laid out as Triton and OVMS users lay theirs out (model
 - ``script/``: config.pbtxt (``pytorch_libtorch``) and ``1/model.pt`` (TorchScript);
 - ``ovms/1/resnet-ish.onnx``: OVMS's free file names;
 - ``bare.onnx``: a bare model file;
+- ``ir/1/model.xml`` + ``model.bin``: OpenVINO IR (the ``openvino`` extra);
 - ``broken/``: a malformed config.pbtxt; ``noweights/1/model.xml`` without its ``.bin``;
   ``junk/``: no model at all. The rest must serve regardless.
 """
@@ -48,7 +49,15 @@ max_batch_size: 4
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 """
-READY = ["scale", "multi", "script", "ovms", "bare"]
+READY = ["scale", "multi", "script", "ovms", "bare", "ir"]
+
+
+def _ir(onnx: Path, xml: Path) -> Path:
+    """The ONNX model converted to OpenVINO's IR (model.xml + model.bin), as OVMS users have it."""
+    import openvino as ov
+
+    ov.save_model(ov.convert_model(str(onnx)), str(xml))
+    return xml
 
 
 def _torchscript(path: Path) -> Path:
@@ -78,6 +87,8 @@ def _store(root: Path) -> Path:
     (store / "ovms" / "1").mkdir(parents=True)
     models.scale_onnx(store / "ovms" / "1" / "resnet-ish.onnx", 5.0)
     models.scale_onnx(store / "bare.onnx", 7.0)
+    (store / "ir" / "1").mkdir(parents=True)
+    _ir(models.scale_onnx(root / "ir.onnx", 11.0), store / "ir" / "1" / "model.xml")
     (store / "broken" / "1").mkdir(parents=True)
     models.scale_onnx(store / "broken" / "1" / "model.onnx", 1.0)
     (store / "broken" / "config.pbtxt").write_text("max_batch_size: [[\n")
@@ -225,6 +236,21 @@ def test_infer_multi_io_without_config(
     features, probabilities = models.run_onnx(path, {"tokens": tokens, "image": image})
     np.testing.assert_allclose(result.as_numpy("features"), features, rtol=1e-6)
     np.testing.assert_allclose(result.as_numpy("probabilities"), probabilities, rtol=1e-6)
+
+
+def test_openvino_ir_equals_openvino(
+    server: LanternServer, http: thttp.InferenceServerClient
+) -> None:
+    import openvino as ov
+
+    meta = http.get_model_metadata("ir")
+    assert meta["platform"] == "openvino"
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = http.infer("ir", [_http_input(x, True)])
+    compiled = ov.Core().compile_model(str(server.model_store / "ir" / "1" / "model.xml"), "CPU")
+    expected = compiled({"x": x})[compiled.outputs[0]]
+    np.testing.assert_array_equal(result.as_numpy("y"), expected)
 
 
 def test_torchscript_model(http: thttp.InferenceServerClient) -> None:
