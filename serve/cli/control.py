@@ -82,9 +82,7 @@ def started_outcome(record: Record, health: int | None, log_dir: Path) -> list[s
             + ("" if failed else " Unhealthy.")
         )
         tail = f"Logs: {log_dir / 'lantern.log'} and {log_dir / 'model_log.log'}."
-        raise CliError(
-            "\n".join([head, *failed, *report_lines(report), tail]), EXIT_MODELS_FAILED
-        )
+        raise CliError("\n".join([head, *failed, *report_lines(report), tail]), EXIT_MODELS_FAILED)
     rows = list(record.addresses.items())
     if record.data.get("key_file"):
         rows.append(("tokens", record.data["key_file"]))

@@ -10,6 +10,7 @@ unregister (the same ``enable_model_api`` switch, ``--model-control-mode``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ from archiver import ArchiveError
 from serve.config import Config
 from serve.core.manage import require_model_api
 from serve.core.model import ModelVersion
+from serve.core.observer import VersionTally
 from serve.core.registry import Registry
-from serve.metrics.prometheus import ServerMetrics, VersionTally
 from serve.store.layouts import ARCHIVE_SUFFIXES, MODEL_FILES, NotAModel, recognise, scan_store
 from serve.store.triton_config import OIP_TO_TRITON, TRITON_CONFIG, config_from_json
 from serve.store.version_policy import sort_versions
@@ -202,16 +203,20 @@ def _store_entry(registry: Registry, name: str) -> str:
 
 
 def statistics(
-    registry: Registry, metrics: ServerMetrics, name: str | None, version: str | None
+    registry: Registry,
+    tallies: Mapping[tuple[str, str], VersionTally],
+    name: str | None,
+    version: str | None,
 ) -> list[dict[str, Any]]:
-    """Triton's ``model_stats``: one entry per version, from the counts Lantern keeps."""
+    """Triton's ``model_stats``: one entry per version, from the counts the metrics keep
+    (``ServerMetrics.tallies``, by model and version)."""
     if name is None:
         versions = registry.all_versions()
     elif version:
         versions = [registry.get(name, version)]
     else:
         versions = registry.versions(name)
-    return [_stats(m, metrics.tallies.get((m.name, m.version))) for m in versions]
+    return [_stats(m, tallies.get((m.name, m.version))) for m in versions]
 
 
 def _stats(model: ModelVersion, tally: VersionTally | None) -> dict[str, Any]:

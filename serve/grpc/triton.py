@@ -84,7 +84,7 @@ class TritonService:
     async def statistics(self, call: Call, request: Any) -> Any:
         rows = triton.statistics(
             self.registry,
-            self.state.metrics,
+            self.state.metrics.tallies,
             request.name or None,
             request.version or None,
         )

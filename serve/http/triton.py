@@ -87,7 +87,7 @@ class _Triton:
     async def stats(self, request: Request) -> Response:
         path = request.path_params
         rows = triton.statistics(
-            self.registry, self.state.metrics, path.get("model"), path.get("version")
+            self.registry, self.state.metrics.tallies, path.get("model"), path.get("version")
         )
         return _json({"model_stats": rows})
 

@@ -22,7 +22,6 @@ import logging
 import socket
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -34,6 +33,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from serve.core.observer import VersionTally
 from serve.metrics.collectors import ServingCollector
 from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics
@@ -96,21 +96,6 @@ class _BatchSeries:
         self.queue = metrics.queue_seconds.labels(model, version)
         self.ts_queue = metrics.torchserve.tally(_TS_QUEUE, model, version)
         self.phases: dict[str, Any] = {}
-
-
-@dataclass
-class VersionTally:
-    """Per model version, what Triton's statistics extension reports: requests that succeeded
-    and failed with their cumulative seconds, and batches run with the requests in them."""
-
-    success: int = 0
-    success_seconds: float = 0.0
-    fail: int = 0
-    fail_seconds: float = 0.0
-    queue_seconds: float = 0.0
-    executions: int = 0  # batches a worker ran
-    inferences: int = 0  # requests in them
-    last_inference: float = 0.0  # time.time() of the last answered request, 0 if none
 
 
 class ServerMetrics:
