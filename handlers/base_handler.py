@@ -152,6 +152,8 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
             options.get("device"),
             options.get("plugin_config"),
             properties.get("num_threads"),
+            batch_size=options.get("batch_size"),
+            shape=options.get("shape"),
         )
 
     def _load_torch_export_model(self, model_pt_path: str) -> Any:

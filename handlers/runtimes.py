@@ -206,10 +206,16 @@ def load_openvino(
     device: str | None = None,
     plugin_config: Mapping[str, Any] | None = None,
     num_threads: int | None = None,
+    *,
+    batch_size: int | str | None = None,
+    shape: Any = None,
 ) -> OpenVinoModel:
     """Read and compile an IR (``model.xml`` beside ``model.bin``) once, on ``device`` (``CPU``
     by default; ``AUTO``, ``GPU``... as OpenVINO names them), with ``plugin_config`` passed
-    through (``PERFORMANCE_HINT``, ``NUM_STREAMS``...). Needs ``lantern-serve[openvino]``."""
+    through (``PERFORMANCE_HINT``, ``NUM_STREAMS``...). Needs ``lantern-serve[openvino]``.
+
+    Before compiling, OVMS's ``batch_size`` (a number, or ``auto``: any) sets the batch dimension
+    and ``shape`` (``auto``: every dimension dynamic; a list; or ``{input: shape}``) reshapes."""
     try:
         import openvino as ov
     except ImportError as exc:
@@ -229,12 +235,39 @@ def load_openvino(
     core = ov.Core()
     try:
         model = core.read_model(path)
+        _reshape(ov, model, batch_size, shape)
         compiled = core.compile_model(model, target, config)
     except RuntimeError as exc:
         raise HandlerLoadError(
             f"{os.path.basename(path)}: OpenVINO could not load it: {exc}"
         ) from exc
     return OpenVinoModel(compiled)
+
+
+def _reshape(ov: Any, model: Any, batch_size: int | str | None, shape: Any) -> None:
+    if shape is not None:
+        if shape == "auto":
+            shape = {port.get_any_name(): "auto" for port in model.inputs}
+        if isinstance(shape, Mapping):
+            model.reshape(
+                {
+                    name: ov.PartialShape.dynamic(len(model.input(name).get_partial_shape()))
+                    if dims == "auto"
+                    else ov.PartialShape([int(d) for d in dims])
+                    for name, dims in shape.items()
+                }
+            )
+        else:
+            model.reshape(ov.PartialShape([int(d) for d in shape]))
+    if batch_size is not None:  # the first dimension of every input, as OVMS takes it
+        batch = ov.Dimension() if batch_size == "auto" else ov.Dimension(int(batch_size))
+        shapes = {}
+        for port in model.inputs:
+            dims = list(port.get_partial_shape())
+            if dims:
+                dims[0] = batch
+                shapes[port.get_any_name()] = ov.PartialShape(dims)
+        model.reshape(shapes)
 
 
 def maybe_compile(model: Any, model_yaml_config: Mapping | None) -> Any:

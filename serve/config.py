@@ -115,6 +115,8 @@ class Config:
     # Triton's --model-control-mode: "" (Lantern's: enable_model_api and watch_model_store
     # decide), none (no load/unload), poll (the watched store), explicit (load/unload on).
     model_control_mode: str = ""
+    # OpenVINO Model Server's config.json (model_config_list): served, and re-read when it changes.
+    ovms_config: str | None = None
     watch_interval: float = 2.0  # seconds between scans of the model store
     version_policy: str = "latest: 1"  # latest: N | specific: [versions] | all
     model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name

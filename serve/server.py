@@ -32,6 +32,7 @@ from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
 from serve.store.layouts import scan_store
+from serve.store.ovms_watch import OvmsConfigWatcher
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
@@ -66,6 +67,11 @@ class Server:
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.metrics.registry.register(UpdateCollector(self.registry))
         self.watcher: StoreWatcher | None = None
+        self.ovms_watcher: OvmsConfigWatcher | None = None
+        if config.ovms_config:
+            self.ovms_watcher = OvmsConfigWatcher(
+                self.registry, Path(config.ovms_config), config.watch_interval
+            )
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
@@ -209,20 +215,28 @@ class Server:
         """With ``watch_model_store``: keep the served versions in line with the store
         (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
         watching = self.config.watch_model_store or self.config.model_control_mode == "poll"
-        if not watching or not self.config.model_store:
+        following = self.ovms_watcher is not None
+        if not (watching and self.config.model_store) and not following:
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(loader)
         if self.stop_event.is_set():
             return
-        self.watcher = StoreWatcher(
-            self.registry, Path(self.config.model_store), self.config.watch_interval
-        )
-        await self.watcher.run()
+        loops = []
+        if self.ovms_watcher is not None:  # OVMS's config.json, re-read when it changes
+            loops.append(self.ovms_watcher.run())
+        if watching and self.config.model_store:
+            self.watcher = StoreWatcher(
+                self.registry, Path(self.config.model_store), self.config.watch_interval
+            )
+            loops.append(self.watcher.run())
+        await asyncio.gather(*loops)
 
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.ovms_watcher is not None:
+            self.ovms_watcher.stop()
         try:
             await asyncio.wait_for(asyncio.shield(watching), 1.0)
         except asyncio.TimeoutError:  # a load in progress: the registry stops its workers
@@ -260,6 +274,8 @@ class Server:
             await self._load_config_snapshot(snapshots)
         else:
             await self._load_models()
+        if self.ovms_watcher is not None:
+            await self._load_ovms_config(self.ovms_watcher)
         if self.config.snapshot:
             if self.startup.failed:
                 # A snapshot of a start that went wrong (a missing archive, a model that does not
@@ -340,6 +356,20 @@ class Server:
             line = f"--models all: the model store {store} holds no models; none are served."
         logger.warning("%s", line)
         self.startup.notes.append(line)
+
+    async def _load_ovms_config(self, watcher: OvmsConfigWatcher) -> None:
+        """The models OVMS's config.json lists, loaded as ``--models`` are."""
+        models, failures = await watcher.apply()
+        for name, reason in failures:
+            self.state.startup_failures.append(name)
+            self.startup.fail(name, reason)
+        results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
+        for model, result in zip(models, results, strict=True):
+            if isinstance(result, Exception):
+                self.startup.fail(f"{model.name} {model.version}", str(result))
+        self.startup.notes.extend(
+            line for line in self.registry.notes.values() if line not in self.startup.notes
+        )
 
     async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
         """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with

@@ -119,6 +119,12 @@ def main() -> None:
     default=None,
     help="Triton's: none (no load/unload), poll (= --watch), explicit (= --enable-model-api).",
 )
+@click.option(
+    "--ovms-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="OpenVINO Model Server's config.json: serve its model_config_list, follow its changes.",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -171,6 +177,7 @@ def _load_config(options: dict[str, Any]) -> Config:
         "enable_model_api": options["enable_model_api"],
         "watch_model_store": options["watch"],
         "model_control_mode": options["model_control_mode"],
+        "ovms_config": options["ovms_config"],
     }
     mode = options["model_control_mode"]
     if mode == "poll" and options["watch"] is None:

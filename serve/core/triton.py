@@ -157,7 +157,7 @@ async def load(
     check_model_control(registry.config)
     url = await asyncio.to_thread(_store_entry, registry, name)
     if name in registry.models:
-        await _unload_all(registry, name)
+        await registry.unregister_all(name)
     return await registry.register(
         url,
         model_name=name,
@@ -170,14 +170,7 @@ async def unload(registry: Registry, name: str) -> None:
     check_model_control(registry.config)
     if name not in registry.models:
         raise ModelNotFound(f"failed to unload '{name}', no version is available")
-    await _unload_all(registry, name)
-
-
-async def _unload_all(registry: Registry, name: str) -> None:
-    entry = registry.models[name]
-    default = entry.default_version
-    for version in [v for v in list(entry.versions) if v != default] + [default]:
-        await registry.unregister(name, version)
+    await registry.unregister_all(name)
 
 
 def _store_entry(registry: Registry, name: str) -> str:

@@ -28,6 +28,8 @@ API:
   safely into ``dest`` (`archiver.open_archive`); a model file becomes an *implicit archive*:
   ``dest`` gets links to its files and a manifest naming the built-in ``base_handler``, so the
   worker's tensor path serves it with inputs and outputs read from the file.
+- `ModelLayout.apply_overlay(Overlay)`: settings given from outside the folder (OVMS's
+  config.json, `serve.store.ovms_config`) laid over the layout's.
 - `scan_store(store)` → `StoreListing`: the names ``--models all`` loads, and every entry skipped
   with its reason (``serve start`` prints them).
 
@@ -68,6 +70,7 @@ __all__ = [
     "ModelFile",
     "ModelLayout",
     "NotAModel",
+    "Overlay",
     "StoreListing",
     "add_recogniser",
     "open_version",
@@ -144,6 +147,12 @@ class ModelLayout:
         self.mapped.model_config[TRITON_CONFIG] = config_as_json(parsed)
         _set_platform(self)
 
+    def apply_overlay(self, overlay: Overlay) -> None:
+        """Lay ``overlay`` (settings a server config gives this model, e.g. OVMS's config.json)
+        over what the layout says: mappings merge key by key, other values replace."""
+        _merge(self.mapped.model_config, overlay.model_config)
+        self.mapped.not_honoured.extend(overlay.not_honoured)
+
     def served_versions(self, version: str | None = None) -> list[str]:
         """``version`` alone (if the layout has it), else what the version policy serves."""
         if version is not None:
@@ -158,6 +167,22 @@ class ModelLayout:
 
 
 Recogniser = Callable[[Path], "ModelLayout | None"]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Settings for a model from outside its folder, and what of them Lantern does not honour."""
+
+    model_config: dict[str, Any] = field(default_factory=dict)
+    not_honoured: tuple[str, ...] = ()
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def recognise(path: Path) -> ModelLayout:
