@@ -91,6 +91,31 @@ def _tensor_config(tensor: dict[str, Any], batching: bool) -> dict[str, Any]:
     return entry
 
 
+# ----- labels for the classification extension -------------------------------------------------
+
+_LABELS: dict[Path, list[str]] = {}  # label file -> its lines, read once
+
+
+def output_labels(model: ModelVersion) -> dict[str, list[str]]:
+    """Each output's class names, from config.pbtxt's ``label_filename`` (one name a line)."""
+    metadata = model.source.model_config.get("metadata")
+    named = metadata.get("labels") if isinstance(metadata, dict) else None
+    if not isinstance(named, dict) or not named:
+        return {}
+    labels = {}
+    for output, filename in named.items():
+        path = model.source.model_dir / Path(str(filename)).name
+        lines = _LABELS.get(path)
+        if lines is None:
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                text = ""
+            lines = _LABELS[path] = text.splitlines()
+        labels[str(output)] = lines
+    return labels
+
+
 # ----- repository index ------------------------------------------------------------------------
 
 

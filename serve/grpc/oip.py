@@ -15,6 +15,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from serve.core.model import ModelVersion
+from serve.core.triton import output_labels
 from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
@@ -113,7 +114,8 @@ class OipService:
                 limit = infer.timeout_us / 1e6
                 timeout = limit if timeout is None else min(timeout, limit)
             tensors = await run_oip(model, call.request_id, headers, infer, timeout)
-            response = response_to_pb(pb, infer, model.name, model.version, tensors)
+            labels = output_labels(model)
+            response = response_to_pb(pb, infer, model.name, model.version, tensors, labels)
             status = 200
             return response
         except ServeError as err:

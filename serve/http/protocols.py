@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
 from serve.core.offload import INLINE_MAX, run_big, run_sized
+from serve.core.triton import output_labels
 from serve.http import inputs
 from serve.http.common import NO_CACHE_HEADERS, ServerState, request_id
 from serve.http.inputs import request_timeout
@@ -295,6 +296,7 @@ class _Protocols:
                 model.name,
                 model.version,
                 tensors,
+                output_labels(model),
             )
             self._check_size(payload)
             headers = {**NO_CACHE_HEADERS, **extra, "x-request-id": rid}

@@ -37,7 +37,7 @@ name: "scale"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" } ]
 dynamic_batching { max_queue_delay_microseconds: 1000 }
 version_policy: { all { } }
 instance_group [ { count: 1 kind: KIND_CPU } ]
@@ -79,6 +79,7 @@ def _store(root: Path) -> Path:
         (store / "scale" / version).mkdir(parents=True)
         models.scale_onnx(store / "scale" / version / "model.onnx", factor)
     (store / "scale" / "config.pbtxt").write_text(SCALE_CONFIG)
+    (store / "scale" / "labels.txt").write_text("alpha\nbeta\ngamma\ndelta\n")
     (store / "multi" / "1").mkdir(parents=True)
     models.multi_io_onnx(store / "multi" / "1" / "model.onnx")
     (store / "script" / "1").mkdir(parents=True)
@@ -188,6 +189,7 @@ def test_model_config_http_and_grpc(
     assert config["name"] == "scale" and config["max_batch_size"] == 8
     assert config["platform"] == "onnxruntime_onnx"
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]}]
+    assert config["output"][0]["label_filename"] == "labels.txt"
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "1000"
     assert config["version_policy"] == {"all": {}}
     by_version = http.get_model_config("scale", "1")
@@ -222,6 +224,24 @@ def test_infer_equals_onnxruntime(
         result = http.infer(name, [_http_input(x, binary)], model_version=version)
         (expected,) = models.run_onnx(path, {"x": x})
         np.testing.assert_array_equal(result.as_numpy("y"), expected)
+
+
+def test_class_count_names_labels(
+    http: thttp.InferenceServerClient, grpc: tgrpc.InferenceServerClient
+) -> None:
+    """Triton's classification extension with config.pbtxt's label_filename."""
+    x = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=np.float32)  # version 2 multiplies by 3
+    wanted = [thttp.InferRequestedOutput("y", class_count=2)]
+    result = http.infer("scale", [_http_input(x, False)], outputs=wanted).as_numpy("y")
+    expected = [
+        [b"9.000000:3:delta", b"6.000000:2:gamma"],
+        [b"9.000000:0:alpha", b"6.000000:1:beta"],
+    ]
+    assert result.tolist() == expected
+    over_grpc = grpc.infer(
+        "scale", [_grpc_input(x)], outputs=[tgrpc.InferRequestedOutput("y", class_count=2)]
+    )
+    assert over_grpc.as_numpy("y").tolist() == expected
 
 
 def test_infer_multi_io_without_config(
