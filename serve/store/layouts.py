@@ -96,6 +96,8 @@ class ModelFile:
     handler: str = "base_handler"
     companion: str | None = None  # another file it needs beside it (".bin" for ".xml")
     triton_name: str | None = None  # Triton's default file name for it
+    any_name: bool = True  # found under any name (OVMS); False: only as ``triton_name``
+    whole_folder: bool = False  # the version folder's other files are served beside it
 
     def companion_of(self, path: Path) -> Path | None:
         return path.with_suffix(self.companion) if self.companion else None
@@ -105,6 +107,15 @@ MODEL_FILES: list[ModelFile] = [
     ModelFile(".onnx", "onnxruntime_onnx", triton_name="model.onnx"),
     ModelFile(".pt", "pytorch_libtorch", triton_name="model.pt"),
     ModelFile(".xml", "openvino", companion=".bin", triton_name="model.xml"),
+    # Triton's Python backend: model.py with class TritonPythonModel (handlers/triton_python.py)
+    ModelFile(
+        ".py",
+        "python",
+        handler="triton_python",
+        triton_name="model.py",
+        any_name=False,
+        whole_folder=True,
+    ),
 ]
 
 
@@ -264,12 +275,12 @@ def _versioned(path: Path) -> ModelLayout | None:
 def _bare_file(path: Path) -> ModelLayout | None:
     if path.is_file():
         model_file = _format_of(path)
-        if model_file is None or model_file.suffix == ".bin":
-            return None
+        if model_file is None or not model_file.any_name:
+            return None  # a lone model.py is no model: Triton's Python backend has folders
         layout = ModelLayout(_stem(path), "file", path, {"1": Version(path, model_file)})
     elif path.is_dir():
         found = _model_in(path, "")
-        if found is None:
+        if found is None or (found.model_file is not None and not found.model_file.any_name):
             return None
         version = path.name if path.name.isdigit() else "1"
         name = path.parent.name if path.name.isdigit() else path.name
@@ -305,7 +316,9 @@ def _model_in(folder: Path, default_name: str) -> Version | None:
         if model_file.triton_name and (folder / model_file.triton_name).exists():
             return Version(folder / model_file.triton_name, model_file)
     candidates = [
-        p for p in sorted(folder.iterdir()) if not _ignored(p.name) and _format_of(p) is not None
+        p
+        for p in sorted(folder.iterdir())
+        if not _ignored(p.name) and (found := _format_of(p)) is not None and found.any_name
     ]
     if len(candidates) == 1:
         return Version(candidates[0], _format_of(candidates[0]))
@@ -346,6 +359,8 @@ def _implicit_archive(
     dest.mkdir(parents=True, exist_ok=False)
     try:
         links = [source] + ([companion] if companion is not None else [])
+        if model_file.whole_folder:  # model.py may import its neighbours
+            links += [p for p in sorted(source.parent.iterdir()) if p != source]
         labels = layout.model_config.get("metadata", {}).get("labels", {})
         for label_file in labels.values():
             label_path = layout.path / label_file

@@ -9,6 +9,8 @@ One server on one store, laid out as Triton and OVMS users lay theirs out (model
 - ``ovms/1/resnet-ish.onnx``: OVMS's free file names;
 - ``bare.onnx``: a bare model file;
 - ``ir/1/model.xml`` + ``model.bin``: OpenVINO IR (the ``openvino`` extra);
+- ``pre/``: Triton's Python backend (``model.py`` with ``pb_utils``, a module beside it);
+  ``badinit/``: a ``model.py`` whose ``initialize`` raises;
 - ``broken/``: a malformed config.pbtxt; ``noweights/1/model.xml`` without its ``.bin``;
   ``junk/``: no model at all. The rest must serve regardless.
 """
@@ -49,7 +51,45 @@ max_batch_size: 4
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 """
-READY = ["scale", "multi", "script", "ovms", "bare", "ir"]
+READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre"]
+PYTHON_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+# A Python backend model as Triton users write them, with a module beside it.
+PYTHON_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from helper import OFFSET
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        output = pb_utils.get_output_config_by_name(config, "y")
+        self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+        self.name = args["model_name"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if (x < 0).any():
+                error = pb_utils.TritonError("negative input")
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            y = pb_utils.Tensor("y", (x + OFFSET).astype(self.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
+        return responses
+
+    def finalize(self):
+        pass
+"""
 
 
 def _ir(onnx: Path, xml: Path) -> Path:
@@ -95,6 +135,16 @@ def _store(root: Path) -> Path:
     (store / "broken" / "config.pbtxt").write_text("max_batch_size: [[\n")
     (store / "noweights" / "1").mkdir(parents=True)
     (store / "noweights" / "1" / "model.xml").write_text("<net/>")
+    (store / "pre" / "1").mkdir(parents=True)
+    (store / "pre" / "config.pbtxt").write_text(PYTHON_CONFIG)
+    (store / "pre" / "1" / "model.py").write_text(PYTHON_MODEL)
+    (store / "pre" / "1" / "helper.py").write_text("OFFSET = 100\n")
+    (store / "badinit" / "1").mkdir(parents=True)
+    (store / "badinit" / "config.pbtxt").write_text('backend: "python"')
+    (store / "badinit" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise RuntimeError('no weights here')\n"
+    )
     (store / "junk").mkdir()
     (store / "junk" / "README.txt").write_text("not a model")
     return store
@@ -155,6 +205,8 @@ def test_startup_reports_what_it_skipped_and_why(server: LanternServer) -> None:
     failed = dict(report["failed"])
     assert "config.pbtxt: malformed model configuration" in failed["broken"]
     assert "model.xml: its weights file model.bin is missing" in failed["noweights"]
+    badinit = next(reason for model, reason in failed.items() if model.startswith("badinit"))
+    assert "model.py: initialize raised RuntimeError('no weights here')" in badinit
     assert any("scale" in n and "response_cache" in n for n in report["notes"]), report["notes"]
 
 
@@ -271,6 +323,18 @@ def test_openvino_ir_equals_openvino(
     compiled = ov.Core().compile_model(str(server.model_store / "ir" / "1" / "model.xml"), "CPU")
     expected = compiled({"x": x})[compiled.outputs[0]]
     np.testing.assert_array_equal(result.as_numpy("y"), expected)
+
+
+def test_python_backend_model_runs_unchanged(
+    http: thttp.InferenceServerClient, grpc: tgrpc.InferenceServerClient
+) -> None:
+    meta = http.get_model_metadata("pre")
+    assert meta["platform"] == "python"
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(http.infer("pre", [_http_input(x, True)]).as_numpy("y"), x + 100)
+    np.testing.assert_array_equal(grpc.infer("pre", [_grpc_input(x)]).as_numpy("y"), x + 100)
+    with pytest.raises(InferenceServerException, match="negative input"):
+        http.infer("pre", [_http_input(-x, False)])
 
 
 def test_torchscript_model(http: thttp.InferenceServerClient) -> None:
