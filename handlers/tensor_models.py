@@ -198,7 +198,7 @@ def _ort_spec(arg: Any) -> TensorSpec:
 
 
 class OnnxAdapter(ModelAdapter):
-    platform = "onnx_onnxv1"
+    platform = "onnxruntime_onnx"
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -251,6 +251,62 @@ def _str_to_bytes(array: np.ndarray) -> np.ndarray:
         v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1)
     ]
     return out
+
+
+# ----- OpenVINO -------------------------------------------------------------------------------
+
+_OV_DATATYPES = {
+    "boolean": "BOOL",
+    "u8": "UINT8",
+    "u16": "UINT16",
+    "u32": "UINT32",
+    "u64": "UINT64",
+    "i8": "INT8",
+    "i16": "INT16",
+    "i32": "INT32",
+    "i64": "INT64",
+    "f16": "FP16",
+    "f32": "FP32",
+    "f64": "FP64",
+    "bf16": "BF16",
+    "string": "BYTES",
+}
+
+
+def _ov_spec(port: Any) -> TensorSpec:
+    shape = port.get_partial_shape()
+    dims = [] if shape.rank.is_dynamic else [d.get_length() if d.is_static else -1 for d in shape]
+    return TensorSpec(
+        port.get_any_name(), _OV_DATATYPES.get(port.get_element_type().get_type_name(), ""), dims
+    )
+
+
+class OpenVinoAdapter(ModelAdapter):
+    platform = "openvino"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        compiled = model.compiled
+        super().__init__(
+            [_ov_spec(p) for p in compiled.inputs], [_ov_spec(p) for p in compiled.outputs]
+        )
+        self._graph_inputs = [s.name for s in self.inputs]
+        self._graph_outputs = [s.name for s in self.outputs]
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def apply_declared(self, config: dict[str, Any]) -> None:
+        super().apply_declared(config)
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def run(self, feeds: Feeds) -> Outputs:
+        names = dict(zip((s.name for s in self.inputs), self._graph_inputs, strict=False))
+        ov_feeds = {names.get(name, name): array for name, (array, _) in feeds.items()}
+        results = self.model.infer(ov_feeds)
+        out_names = [s.name for s in self.outputs] or self._graph_outputs
+        return [
+            (out_names[i] if i < len(out_names) else f"output{i}", array, datatype_of(array))
+            for i, array in enumerate(results)
+        ]
 
 
 # ----- torch ----------------------------------------------------------------------------------
@@ -393,7 +449,7 @@ def adapter_for(service: Any) -> ModelAdapter | None:
     if handler is None:
         return None
     from handlers.base_handler import BaseHandler
-    from handlers.runtimes import OnnxModel
+    from handlers.runtimes import OnnxModel, OpenVinoModel
 
     if not isinstance(handler, BaseHandler):
         return None
@@ -409,12 +465,14 @@ def adapter_for(service: Any) -> ModelAdapter | None:
         adapter = SavedModelAdapter(model)
     elif isinstance(model, OnnxModel):
         adapter = OnnxAdapter(model.session)
+    elif isinstance(model, OpenVinoModel):
+        adapter = OpenVinoAdapter(model)
     else:
         import torch
 
         target = getattr(model, "_orig_mod", model)
         if isinstance(target, torch.jit.ScriptModule):
-            platform = "pytorch_torchscript"
+            platform = "pytorch_libtorch"
         elif isinstance(target, torch.fx.GraphModule):
             platform = "pytorch_export"
         elif isinstance(target, torch.nn.Module):

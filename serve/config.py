@@ -112,6 +112,11 @@ class Config:
     install_py_dep_per_model: bool = False
     # Model updates (docs/model-updates.md): a watched store, version policies, admission.
     watch_model_store: bool = False
+    # Triton's --model-control-mode: "" (Lantern's: enable_model_api and watch_model_store
+    # decide), none (no load/unload), poll (the watched store), explicit (load/unload on).
+    model_control_mode: str = ""
+    # OpenVINO Model Server's config.json (model_config_list): served, and re-read when it changes.
+    ovms_config: str | None = None
     watch_interval: float = 2.0  # seconds between scans of the model store
     version_policy: str = "latest: 1"  # latest: N | specific: [versions] | all
     model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name
@@ -230,6 +235,8 @@ class Config:
             raise ConfigError("Config 'max_header_size' must be at least 1024 bytes")
         if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
             raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
+        if self.model_control_mode not in ("", "none", "poll", "explicit"):
+            raise ConfigError("Config 'model_control_mode' must be 'none', 'poll' or 'explicit'")
         if self.watch_model_store and not self.model_store:
             raise ConfigError("Config 'watch_model_store' needs a model_store to watch")
         if self.model_base_path and not self.model_name:
@@ -437,6 +444,8 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null")):
             if "None" in kind:
                 return None
+            if kind == "str" and isinstance(raw, str):  # a plain string may be empty or "none"
+                return raw.strip()
             raise ValueError(raw)
         if kind.startswith("int"):
             if isinstance(raw, float) and not raw.is_integer():

@@ -32,6 +32,7 @@ from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
 from serve.store.layouts import scan_store
+from serve.store.ovms_watch import OvmsConfigWatcher
 from serve.store.tfs_batching import BatchingError, read_batching
 from serve.store.tfs_config import (
     ConfigWatcher,
@@ -73,6 +74,11 @@ class Server:
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.metrics.registry.register(UpdateCollector(self.registry))
         self.watcher: StoreWatcher | None = None
+        self.ovms_watcher: OvmsConfigWatcher | None = None
+        if config.ovms_config:
+            self.ovms_watcher = OvmsConfigWatcher(
+                self.registry, Path(config.ovms_config), config.watch_interval
+            )
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
@@ -217,21 +223,27 @@ class Server:
         (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
         config = self.config
         tf_serving = bool(config.model_config_file or config.model_base_path)
-        if not tf_serving and (not config.watch_model_store or not config.model_store):
+        watching = config.watch_model_store or config.model_control_mode == "poll"
+        following = self.ovms_watcher is not None
+        if not (watching and config.model_store) and not following and not tf_serving:
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(loader)
         if self.stop_event.is_set():
             return
-        if tf_serving:
+        loops = []
+        if self.ovms_watcher is not None:  # OVMS's config.json, re-read when it changes
+            loops.append(self.ovms_watcher.run())
+        if tf_serving:  # TF Serving's models.config or --model_base_path
             self.watcher = self._config_watcher()
-            if self.watcher is None:
-                return
-        else:
+            if self.watcher is not None:
+                loops.append(self.watcher.run())
+        elif watching and config.model_store:
             self.watcher = StoreWatcher(
-                self.registry, Path(str(config.model_store)), config.watch_interval
+                self.registry, Path(config.model_store), config.watch_interval
             )
-        await self.watcher.run()
+            loops.append(self.watcher.run())
+        await asyncio.gather(*loops)
 
     def _config_watcher(self) -> StoreWatcher | None:
         """TF Serving's start: the models of ``model_config_file``, or ``model_name`` from
@@ -263,6 +275,8 @@ class Server:
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.ovms_watcher is not None:
+            self.ovms_watcher.stop()
         try:
             await asyncio.wait_for(asyncio.shield(watching), 1.0)
         except asyncio.TimeoutError:  # a load in progress: the registry stops its workers
@@ -300,6 +314,8 @@ class Server:
             await self._load_config_snapshot(snapshots)
         else:
             await self._load_models()
+        if self.ovms_watcher is not None:
+            await self._load_ovms_config(self.ovms_watcher)
         if self.config.snapshot:
             if self.startup.failed:
                 # A snapshot of a start that went wrong (a missing archive, a model that does not
@@ -380,6 +396,20 @@ class Server:
             line = f"--models all: the model store {store} holds no models; none are served."
         logger.warning("%s", line)
         self.startup.notes.append(line)
+
+    async def _load_ovms_config(self, watcher: OvmsConfigWatcher) -> None:
+        """The models OVMS's config.json lists, loaded as ``--models`` are."""
+        models, failures = await watcher.apply()
+        for name, reason in failures:
+            self.state.startup_failures.append(name)
+            self.startup.fail(name, reason)
+        results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
+        for model, result in zip(models, results, strict=True):
+            if isinstance(result, Exception):
+                self.startup.fail(f"{model.name} {model.version}", str(result))
+        self.startup.notes.extend(
+            line for line in self.registry.notes.values() if line not in self.startup.notes
+        )
 
     async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
         """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with

@@ -145,6 +145,18 @@ def main() -> None:
     default=None,
     help="TF Serving's BatchingParameters for the models of a TF Serving-style start.",
 )
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "poll", "explicit"]),
+    default=None,
+    help="Triton's: none (no load/unload), poll (= --watch), explicit (= --enable-model-api).",
+)
+@click.option(
+    "--ovms-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="OpenVINO Model Server's config.json: serve its model_config_list, follow its changes.",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -201,7 +213,14 @@ def _load_config(options: dict[str, Any]) -> Config:
         "model_name": options["model_name"],
         "model_base_path": options["model_base_path"],
         "batching_parameters_file": options["batching_parameters_file"],
+        "model_control_mode": options["model_control_mode"],
+        "ovms_config": options["ovms_config"],
     }
+    mode = options["model_control_mode"]
+    if mode == "poll" and options["watch"] is None:
+        overrides["watch_model_store"] = True
+    if mode == "explicit" and options["enable_model_api"] is None:
+        overrides["enable_model_api"] = True
     if options["models"]:
         overrides["load_models"] = list(options["models"])
     if options["ncs"]:

@@ -53,8 +53,7 @@ class StartupReport:
 def report_lines(report: StartupReport) -> list[str]:
     """The lines ``serve start`` prints about the snapshot it restored, the store entries it
     skipped and the notes on what it loaded (none when there are none)."""
-    lines = [f"Skipped {name} in the model store: {reason}" for name, reason in report.skipped]
-    lines += report.notes
+    lines = store_lines(report)
     if report.snapshot is None:
         return lines
     brought = ", ".join(report.restored) if report.restored else "no models"
@@ -65,6 +64,12 @@ def report_lines(report: StartupReport) -> list[str]:
             "restored instead; start with --ncs (or --config/--ts-config) to load --models."
         )
     return lines
+
+
+def store_lines(report: StartupReport) -> list[str]:
+    """The store entries ``--models all`` skipped, with why, and the notes on what loaded."""
+    lines = [f"Skipped {name} in the model store: {reason}" for name, reason in report.skipped]
+    return lines + report.notes
 
 
 def failure_lines(report: StartupReport) -> list[str]:

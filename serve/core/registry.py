@@ -29,7 +29,7 @@ from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
 from serve.identifiers import shown
-from serve.store.layouts import ModelLayout, open_version, recognise
+from serve.store.layouts import ModelLayout, Overlay, open_version, recognise
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
     BadRequest,
@@ -182,6 +182,8 @@ class Registry:
         model_url: str | None = None,
         version: str | None = None,
         workflow: str | None = None,
+        config_override: dict[str, Any] | None = None,
+        overlay: Overlay | None = None,
         **options: Unpack[LoadOptions],
     ) -> ModelVersion:
         """Open the archive ``url`` names, add it as a new version and start its workers
@@ -195,6 +197,8 @@ class Registry:
         Memory admission runs first (507 when the workers do not fit); a version whose workers
         cannot load or warm up is removed again and its failure recorded in `failures`.
         ``workflow`` names the workflow the version belongs to (left out of snapshots).
+        ``config_override`` (Triton's ModelConfig as JSON) replaces a model folder's config.pbtxt;
+        ``overlay`` (OVMS's config.json entry) is laid over the layout's settings.
         """
         if model_name:
             _check_name(model_name, "model_name")
@@ -208,6 +212,10 @@ class Registry:
         location = await self.sources.resolve(url)
         try:
             layout = await asyncio.to_thread(recognise, location.path)
+            if config_override is not None:
+                layout.override_config(config_override, f"the configuration given for {url}")
+            if overlay is not None:
+                layout.apply_overlay(overlay)
             versions = [""] if layout.kind == "archive" else layout.served_versions(version)
         except ArchiveError as exc:
             _forget_download(location)
@@ -227,6 +235,8 @@ class Registry:
                     model_url=model_url,
                     version=one,
                     workflow=workflow,
+                    config_override=config_override,
+                    overlay=overlay,
                     **each,
                 )
             assert registered is not None
@@ -630,6 +640,15 @@ class Registry:
         if entry is None or entry.versions.get(model.version) is not model:  # gone meanwhile
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
         return self.set_default(name, model.version)
+
+    async def unregister_all(self, name: str) -> None:
+        """Every version of ``name``, the default last (Triton's unload, OVMS's removal)."""
+        entry = self.models.get(name)
+        if entry is None:
+            raise ModelNotFound(f"Model not found: {shown(name)}")
+        default = entry.default_version
+        for version in [v for v in list(entry.versions) if v != default] + [default]:
+            await self.unregister(name, version)
 
     async def unregister(self, name: str, version: str | None = None) -> ModelVersion:
         """Remove a version: new requests get 404, queued and running ones finish first."""

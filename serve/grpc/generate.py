@@ -29,7 +29,8 @@ FILES = (
     "inference.proto",
     "management.proto",
     "open_inference_grpc.proto",
-    "model_config.proto",
+    "model_config.proto",  # Triton's (BSD-3): config.pbtxt, and ModelConfig over gRPC
+    "grpc_service.proto",  # Triton's (BSD-3): its extensions' messages (repository, statistics)
 )
 # TF Serving's API and the TensorFlow files it needs, vendored under their own paths. Their modules
 # land in packages under ``gen/`` (``gen/tensorflow_serving/apis/predict_pb2.py``) whose imports are
@@ -98,6 +99,16 @@ def generate(out: Path) -> None:
         "prediction_service.proto",
     ]
     subprocess.run(ort, check=True, cwd=ORT)
+    for path in out.iterdir():  # protoc imports a sibling module by its bare name
+        if path.suffix not in (".py", ".pyi"):
+            continue
+        text = path.read_text()
+        fixed = _SIBLING_IMPORT.sub(r"from serve.grpc.gen import \1 as", text)
+        if fixed != text:
+            path.write_text(fixed)
+
+
+_SIBLING_IMPORT = re.compile(r"^import (\w+_pb2) as", re.MULTILINE)
 
 
 def _listing(root: Path) -> list[str]:

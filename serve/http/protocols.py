@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
 from serve.core.offload import INLINE_MAX, run_big, run_sized
+from serve.core.triton import output_labels
 from serve.core.version_labels import resolve
 from serve.http import inputs, ort_server
 from serve.http.common import NO_CACHE_HEADERS, ServerState, request_id
@@ -71,8 +72,11 @@ _BODY_HEADERS = frozenset(
 
 def protocol_routes(state: ServerState) -> list[BaseRoute]:
     """The ``/v1`` and ``/v2`` routes; each tree answers its own errors as ``{"error"}``."""
+    from serve.http.triton import triton_routes
+
     api = _Protocols(state)
     v2 = [
+        *triton_routes(state),
         Route("/", api.server_metadata, methods=["GET"]),
         Route("/health/live", api.live, methods=["GET"]),
         Route("/health/ready", api.ready, methods=["GET"]),
@@ -301,6 +305,7 @@ class _Protocols:
                 model.name,
                 model.version,
                 tensors,
+                output_labels(model),
             )
             self._check_size(payload)
             headers = {**NO_CACHE_HEADERS, **extra, "x-request-id": rid}

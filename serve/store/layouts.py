@@ -28,6 +28,8 @@ API:
   safely into ``dest`` (`archiver.open_archive`); a model file becomes an *implicit archive*:
   ``dest`` gets links to its files and a manifest naming the built-in ``base_handler``, so the
   worker's tensor path serves it with inputs and outputs read from the file.
+- `ModelLayout.apply_overlay(Overlay)`: settings given from outside the folder (OVMS's
+  config.json, `serve.store.ovms_config`) laid over the layout's.
 - `scan_store(store)` → `StoreListing`: the names ``--models all`` loads, and every entry skipped
   with its reason (``serve start`` prints them).
 
@@ -51,8 +53,11 @@ from archiver import ArchiveError, ModelArchive, open_archive
 from archiver.manifest import MANIFEST_PATH
 from serve.store.triton_config import (
     CONFIG_FILE,
+    TRITON_CONFIG,
     LayoutError,
     MappedConfig,
+    config_as_json,
+    config_from_json,
     map_config,
     read_config,
 )
@@ -65,6 +70,7 @@ __all__ = [
     "ModelFile",
     "ModelLayout",
     "NotAModel",
+    "Overlay",
     "StoreListing",
     "add_recogniser",
     "open_version",
@@ -90,6 +96,8 @@ class ModelFile:
     handler: str = "base_handler"
     companion: str | None = None  # another file it needs beside it (".bin" for ".xml")
     triton_name: str | None = None  # Triton's default file name for it
+    any_name: bool = True  # found under any name (OVMS); False: only as ``triton_name``
+    whole_folder: bool = False  # the version folder's other files are served beside it
 
     def companion_of(self, path: Path) -> Path | None:
         return path.with_suffix(self.companion) if self.companion else None
@@ -99,6 +107,15 @@ MODEL_FILES: list[ModelFile] = [
     ModelFile(".onnx", "onnxruntime_onnx", triton_name="model.onnx"),
     ModelFile(".pt", "pytorch_libtorch", triton_name="model.pt"),
     ModelFile(".xml", "openvino", companion=".bin", triton_name="model.xml"),
+    # Triton's Python backend: model.py with class TritonPythonModel (handlers/triton_python.py)
+    ModelFile(
+        ".py",
+        "python",
+        handler="triton_python",
+        triton_name="model.py",
+        any_name=False,
+        whole_folder=True,
+    ),
 ]
 
 
@@ -133,6 +150,20 @@ class ModelLayout:
     def not_honoured(self) -> list[str]:
         return self.mapped.not_honoured
 
+    def override_config(self, config: dict[str, Any], where: str) -> None:
+        """Serve with ``config`` (Triton's ModelConfig as JSON, a load request's override) in
+        place of the config.pbtxt on disk, as Triton's load API does."""
+        parsed = config_from_json(config, where)
+        self.mapped = map_config(parsed, where)
+        self.mapped.model_config[TRITON_CONFIG] = config_as_json(parsed)
+        _set_platform(self)
+
+    def apply_overlay(self, overlay: Overlay) -> None:
+        """Lay ``overlay`` (settings a server config gives this model, e.g. OVMS's config.json)
+        over what the layout says: mappings merge key by key, other values replace."""
+        _merge(self.mapped.model_config, overlay.model_config)
+        self.mapped.not_honoured.extend(overlay.not_honoured)
+
     def served_versions(self, version: str | None = None) -> list[str]:
         """``version`` alone (if the layout has it), else what the version policy serves."""
         if version is not None:
@@ -147,6 +178,22 @@ class ModelLayout:
 
 
 Recogniser = Callable[[Path], "ModelLayout | None"]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Settings for a model from outside its folder, and what of them Lantern does not honour."""
+
+    model_config: dict[str, Any] = field(default_factory=dict)
+    not_honoured: tuple[str, ...] = ()
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def recognise(path: Path) -> ModelLayout:
@@ -194,7 +241,10 @@ def _versioned(path: Path) -> ModelLayout | None:
         return None
     config_path = path / CONFIG_FILE
     config = read_config(config_path) if config_path.is_file() else None
-    mapped = map_config(config, str(config_path)) if config is not None else MappedConfig()
+    mapped = MappedConfig()
+    if config is not None:
+        mapped = map_config(config, str(config_path))
+        mapped.model_config[TRITON_CONFIG] = config_as_json(config)
     default_name = config.default_model_filename if config is not None else ""
     versions: dict[str, Version] = {}
     for child in sorted(path.iterdir()):
@@ -225,12 +275,12 @@ def _versioned(path: Path) -> ModelLayout | None:
 def _bare_file(path: Path) -> ModelLayout | None:
     if path.is_file():
         model_file = _format_of(path)
-        if model_file is None or model_file.suffix == ".bin":
-            return None
+        if model_file is None or not model_file.any_name:
+            return None  # a lone model.py is no model: Triton's Python backend has folders
         layout = ModelLayout(_stem(path), "file", path, {"1": Version(path, model_file)})
     elif path.is_dir():
         found = _model_in(path, "")
-        if found is None:
+        if found is None or (found.model_file is not None and not found.model_file.any_name):
             return None
         version = path.name if path.name.isdigit() else "1"
         name = path.parent.name if path.name.isdigit() else path.name
@@ -266,7 +316,9 @@ def _model_in(folder: Path, default_name: str) -> Version | None:
         if model_file.triton_name and (folder / model_file.triton_name).exists():
             return Version(folder / model_file.triton_name, model_file)
     candidates = [
-        p for p in sorted(folder.iterdir()) if not _ignored(p.name) and _format_of(p) is not None
+        p
+        for p in sorted(folder.iterdir())
+        if not _ignored(p.name) and (found := _format_of(p)) is not None and found.any_name
     ]
     if len(candidates) == 1:
         return Version(candidates[0], _format_of(candidates[0]))
@@ -307,6 +359,8 @@ def _implicit_archive(
     dest.mkdir(parents=True, exist_ok=False)
     try:
         links = [source] + ([companion] if companion is not None else [])
+        if model_file.whole_folder:  # model.py may import its neighbours
+            links += [p for p in sorted(source.parent.iterdir()) if p != source]
         labels = layout.model_config.get("metadata", {}).get("labels", {})
         for label_file in labels.values():
             label_path = layout.path / label_file

@@ -35,6 +35,8 @@ from archiver.errors import ArchiveError
 from serve.grpc.gen import model_config_pb2 as mc
 
 CONFIG_FILE = "config.pbtxt"
+# The model-config key that keeps the parsed config (as Triton's JSON) for the config API.
+TRITON_CONFIG = "tritonConfig"
 
 # Triton's TYPE_* names without the prefix are the OIP datatypes, except STRING (BYTES).
 _DATATYPES = {

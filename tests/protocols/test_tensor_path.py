@@ -178,7 +178,7 @@ def test_torchscript_metadata_names_inputs_from_the_signature(sees_batch) -> Non
     ((item, body),) = run(*sees_batch, metadata())
     assert item["ct"] == "application/json"
     assert json.loads(body) == {
-        "platform": "pytorch_torchscript",
+        "platform": "pytorch_libtorch",
         "inputs": [{"name": "a", "datatype": "", "shape": []}],
         "outputs": [],
         "tensor_path": True,
@@ -189,7 +189,7 @@ def test_onnx_metadata_comes_from_the_graph(multi) -> None:
     service, context, _ = multi
     ((_, body),) = run(service, context, metadata())
     assert json.loads(body) == {
-        "platform": "onnx_onnxv1",
+        "platform": "onnxruntime_onnx",
         "inputs": [
             {"name": "tokens", "datatype": "INT64", "shape": [-1, 8]},
             {"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]},

@@ -195,3 +195,14 @@ def test_scan_store_lists_models_and_skips_the_rest(tmp_path: Path) -> None:
 def test_empty_or_missing_store(tmp_path: Path) -> None:
     assert scan_store(tmp_path).models == []
     assert scan_store(tmp_path / "missing").skipped == []
+
+
+def test_startup_report_lines_name_skipped_entries_and_notes() -> None:
+    from serve.cli.startup_report import StartupReport, report_lines
+
+    report = StartupReport(skipped=[("junk", "not a model folder")], notes=["--models all ..."])
+    again = StartupReport.from_dict(report.as_dict())
+    assert report_lines(again) == [
+        "Skipped junk in the model store: not a model folder",
+        "--models all ...",
+    ]
