@@ -248,6 +248,9 @@ class Server:
     def _config_watcher(self) -> StoreWatcher | None:
         """TF Serving's start: the models of ``model_config_file``, or ``model_name`` from
         ``model_base_path`` (serve/store/tfs_config.py); None (and said) when the file is bad."""
+        from serve.grpc.tfs_warmup import Warmup  # TF Serving's messages, imported only here
+        from serve.grpc.tfserving import TfServingService
+
         config = self.config
         config_file = Path(config.model_config_file) if config.model_config_file else None
         try:
@@ -270,6 +273,7 @@ class Server:
             interval=config.watch_interval,
             config_poll=config.model_config_file_poll_wait_seconds,
             batching=batching,
+            warmup=Warmup(TfServingService(self.state)).replay,
         )
 
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:

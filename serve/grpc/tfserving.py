@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -58,6 +59,19 @@ PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 SERVICES = (PREDICTION_SERVICE, MODEL_SERVICE)
 _STATES = get_model_status_pb2.ModelVersionStatus.State
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who asks: a call's request id, headers and deadline, or a warm-up replay's."""
+
+    request_id: str
+    headers: dict[str, str]
+    timeout: float | None = None
+
+    @classmethod
+    def of(cls, call: Call) -> Origin:
+        return cls(call.request_id, call.headers(), call.timeout())
 
 
 class TfServingService:
@@ -154,15 +168,18 @@ class TfServingService:
                 model.name, model.version, status, time.perf_counter() - started
             )
 
-    async def _run(self, call: Call, model: ModelVersion, infer: InferRequest) -> list[Tensor]:
-        headers = call.headers()
-        headers[PROTOCOL_HEADER] = OIP
-        return await run_oip(model, call.request_id, headers, infer, call.timeout())
+    async def _run(self, origin: Origin, model: ModelVersion, infer: InferRequest) -> list[Tensor]:
+        headers = {**origin.headers, PROTOCOL_HEADER: OIP}
+        return await run_oip(model, origin.request_id, headers, infer, origin.timeout)
 
     # ----- PredictionService ---------------------------------------------------------------
 
     async def predict(self, call: Call, request: Any) -> Any:
         model = self._model(call, request.model_spec)
+        return await self.predict_on(model, request, Origin.of(call))
+
+    async def predict_on(self, model: ModelVersion, request: Any, origin: Origin) -> Any:
+        """A ``PredictRequest`` answered by ``model`` (its ``model_spec`` already resolved)."""
         signature = check_signature(request.model_spec.signature_name)
         inputs = [tensor_from_proto(name, request.inputs[name]) for name in sorted(request.inputs)]
         if not inputs:
@@ -176,8 +193,8 @@ class TfServingService:
 
         async def run() -> Any:
             if wanted:
-                await self._check_outputs(call, model, wanted)
-            tensors = await self._run(call, model, infer)
+                await self._check_outputs(origin, model, wanted)
+            tensors = await self._run(origin, model, infer)
             response = predict_pb2.PredictResponse(model_spec=self._spec(model, signature))
             for tensor in tensors:
                 if not wanted or tensor.name in wanted:
@@ -186,9 +203,9 @@ class TfServingService:
 
         return await self._counted(model, run)
 
-    async def _check_outputs(self, call: Call, model: ModelVersion, wanted: list[str]) -> None:
+    async def _check_outputs(self, origin: Origin, model: ModelVersion, wanted: list[str]) -> None:
         """``output_filter`` names against the model's outputs, in TF Serving's words."""
-        metadata = await model_metadata(model, call.request_id)
+        metadata = await model_metadata(model, origin.request_id)
         known = [str(e.get("name")) for e in metadata.get("outputs") or []]
         for name in wanted:
             if known and name not in known:
@@ -213,7 +230,7 @@ class TfServingService:
     async def classify(self, call: Call, request: Any) -> Any:
         model = self._model(call, request.model_spec)
         signature = check_signature(request.model_spec.signature_name)
-        result = await self._classify(call, model, request.input)
+        result = await self.classify_on(model, request.input, Origin.of(call))
         response = classification_pb2.ClassificationResponse(
             model_spec=self._spec(model, signature)
         )
@@ -223,7 +240,7 @@ class TfServingService:
     async def regress(self, call: Call, request: Any) -> Any:
         model = self._model(call, request.model_spec)
         signature = check_signature(request.model_spec.signature_name)
-        result = await self._regress(call, model, request.input)
+        result = await self.regress_on(model, request.input, Origin.of(call))
         response = regression_pb2.RegressionResponse(model_spec=self._spec(model, signature))
         response.result.CopyFrom(result)
         return response
@@ -241,23 +258,26 @@ class TfServingService:
             result = response.results.add(model_spec=self._spec(model, signature))
             if task.method_name == CLASSIFY_METHOD:
                 result.classification_result.CopyFrom(
-                    await self._classify(call, model, request.input)
+                    await self.classify_on(model, request.input, Origin.of(call))
                 )
             elif task.method_name == REGRESS_METHOD:
-                result.regression_result.CopyFrom(await self._regress(call, model, request.input))
+                result.regression_result.CopyFrom(
+                    await self.regress_on(model, request.input, Origin.of(call))
+                )
             else:
                 raise BadRequest(f"Unsupported signature method_name: {task.method_name}")
         return response
 
     async def _examples(
-        self, call: Call, model: ModelVersion, input_: Any
+        self, origin: Origin, model: ModelVersion, input_: Any
     ) -> tuple[list[Tensor], int]:
         examples, context = _examples(input_)
         infer = InferRequest(None, {}, examples_to_tensors(examples, context), None, True, None)
-        return await self._counted(model, lambda: self._run(call, model, infer)), len(examples)
+        return await self._counted(model, lambda: self._run(origin, model, infer)), len(examples)
 
-    async def _classify(self, call: Call, model: ModelVersion, input_: Any) -> Any:
-        tensors, count = await self._examples(call, model, input_)
+    async def classify_on(self, model: ModelVersion, input_: Any, origin: Origin) -> Any:
+        """A ``ClassificationResult`` for an ``Input`` of examples."""
+        tensors, count = await self._examples(origin, model, input_)
         result = classification_pb2.ClassificationResult()
         for pairs in classifications(tensors, count):
             entry = result.classifications.add()
@@ -265,8 +285,9 @@ class TfServingService:
                 entry.classes.add(label=label, score=score)
         return result
 
-    async def _regress(self, call: Call, model: ModelVersion, input_: Any) -> Any:
-        tensors, count = await self._examples(call, model, input_)
+    async def regress_on(self, model: ModelVersion, input_: Any, origin: Origin) -> Any:
+        """A ``RegressionResult`` for an ``Input`` of examples."""
+        tensors, count = await self._examples(origin, model, input_)
         result = regression_pb2.RegressionResult()
         for value in regressions(tensors, count):
             result.regressions.add(value=value)

@@ -15,7 +15,7 @@ completeness rule, version plans, swaps and unloads through the registry) with t
 list of models instead of the store's folders. It re-reads the file every
 ``model_config_file_poll_wait_seconds`` (0: once, as TF Serving); a file that no longer parses
 is logged and the models stay as they are. Version labels are applied once the versions they name
-are served.
+are served. A version's warm-up records are replayed (``warmup``) before it becomes the default.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,11 @@ from serve.store.watcher import Candidate, StoreWatcher, fingerprint
 from serve.wire.errors import ServeError
 
 if TYPE_CHECKING:
+    from serve.core.model import ModelVersion
     from serve.core.registry import Registry
+
+# Replays a loaded version's warm-up requests (serve/grpc/tfs_warmup.py); the count replayed.
+Warmup = Callable[["ModelVersion", Path], Awaitable[int]]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +143,7 @@ class ConfigWatcher(StoreWatcher):
         interval: float,
         config_poll: float = 0.0,
         batching: BatchingSettings | None = None,
+        warmup: Warmup | None = None,
     ) -> None:
         store = registry.config.model_store
         super().__init__(registry, Path(store) if store else Path.cwd(), interval)
@@ -149,6 +155,7 @@ class ConfigWatcher(StoreWatcher):
         self._stamp = self._file_stamp()
         self._label_warned: dict[str, str] = {}
         self.batching = batching or BatchingSettings()
+        self.warmup = warmup
 
     def _file_stamp(self) -> tuple[float, int] | None:
         if self.config_file is None:
@@ -178,6 +185,21 @@ class ConfigWatcher(StoreWatcher):
         self._stamp = stamp
         self.models = {m.name: m for m in models}
         logger.info("Read %s again: %d models", self.config_file, len(models))
+
+    async def _load(self, cand: Candidate) -> None:
+        """Load as the watched store does, then replay the version's warm-up records (TF
+        Serving's ``assets.extra/tf_serving_warmup_requests``) before it can become the default;
+        a version whose warm-up fails is unloaded and not tried again until its files change."""
+        await super()._load(cand)
+        if self.warmup is None or cand.version not in self.owned.get(cand.name, {}):
+            return
+        try:
+            model = self.registry.get(cand.name, cand.version)
+            await self.warmup(model, cand.path)
+        except Exception as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            self._fail(cand, f"warm-up failed: {message}")
+            await self._unload(cand.name, cand.version)
 
     def settings_for(self, cand: Candidate) -> dict[str, Any] | None:
         """TF Serving's batching parameters: the version's ``assets.extra/batching_params.pbtxt``,

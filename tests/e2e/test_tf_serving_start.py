@@ -35,6 +35,26 @@ model_config_list {{
 """
 
 
+def write_warmup(folder: Path) -> None:
+    """TF Serving's warm-up file: two PredictLogs for input x [1, 4]."""
+    from serve.grpc.gen.tensorflow_serving.apis import prediction_log_pb2
+    from serve.grpc.tfs_warmup import WARMUP_FILE, write_records
+
+    records = []
+    for value in (1.0, 2.0):
+        log = prediction_log_pb2.PredictionLog()
+        request = log.predict_log.request
+        request.model_spec.name = "scale"
+        tensor = request.inputs["x"]
+        tensor.dtype = 1  # type: ignore[assignment]  # DT_FLOAT
+        tensor.tensor_shape.dim.add(size=1)
+        tensor.tensor_shape.dim.add(size=4)
+        tensor.float_val.extend([value] * 4)
+        records.append(log.SerializeToString())
+    (folder / WARMUP_FILE).parent.mkdir(parents=True)
+    (folder / WARMUP_FILE).write_bytes(write_records(records))
+
+
 class StartServer(LanternServer):
     tree: Path
     config: Path
@@ -52,6 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartServer]:
     for version in (1, 2):
         (tree / str(version)).mkdir(parents=True)
         shutil.copy(onnx[version], tree / str(version) / "model.onnx")
+    write_warmup(tree / "2")
     config = store / "models.config"
     config.write_text(CONFIG.format(base=tree, stable=1))
     srv = StartServer(
@@ -83,6 +104,14 @@ def predict(server: LanternServer, path: str, x: np.ndarray) -> Any:
 
 def test_models_config_start_labels_new_versions_and_rereads(server: StartServer) -> None:
     x = np.ones((1, 4), dtype=np.float32)
+    # Version 2's warm-up records were replayed before it took traffic.
+    wait_for(
+        lambda: (
+            "replayed 2 warm-up requests" in server.log_text("ts_log.log") + server.console_text()
+        ),
+        30,
+        "the warm-up replayed",
+    )
     # The label from models.config, and the default: the highest served version.
     np.testing.assert_array_equal(
         predict(server, "/v1/models/scale/labels/stable:predict", x), x * 2

@@ -163,3 +163,18 @@ def test_bad_batching_parameters(text: str, fragment: str) -> None:
 
     with pytest.raises(BatchingError, match=fragment):
         parse_batching(text, "batching.txt")
+
+
+def test_warmup_records(tmp_path: Path) -> None:
+    from serve.grpc.tfs_warmup import WarmupError, read_records, read_warmup, write_records
+
+    data = write_records([b"one", b"", b"three"])
+    assert read_records(data, "w") == [b"one", b"", b"three"]
+    with pytest.raises(WarmupError, match="truncated record at byte"):
+        read_records(data[:-2], "w")
+    with pytest.raises(WarmupError, match="truncated record header"):
+        read_records(data + b"\0\0", "w")
+    path = tmp_path / "warmup"
+    path.write_bytes(write_records([b"\xff\xff"]))
+    with pytest.raises(WarmupError, match="record 0 is not a PredictionLog"):
+        read_warmup(path)
