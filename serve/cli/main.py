@@ -139,6 +139,21 @@ def main() -> None:
     help="The versioned tree (<base>/<version>/) of --model_name, its latest version served.",
 )
 @click.option(
+    "--port",
+    "tfs_grpc_port",
+    type=int,
+    default=None,
+    help="TF Serving's --port: the gRPC inference port (grpc_inference_port).",
+)
+@click.option(
+    "--rest_api_port",
+    "--rest-api-port",
+    "tfs_rest_port",
+    type=int,
+    default=None,
+    help="TF Serving's --rest_api_port: the inference API's port, on its configured host.",
+)
+@click.option(
     "--batching_parameters_file",
     "--batching-parameters-file",
     "batching_parameters_file",
@@ -213,9 +228,15 @@ def _load_config(options: dict[str, Any]) -> Config:
         "model_name": options["model_name"],
         "model_base_path": options["model_base_path"],
         "batching_parameters_file": options["batching_parameters_file"],
+        "grpc_inference_port": options["tfs_grpc_port"],
         "model_control_mode": options["model_control_mode"],
         "ovms_config": options["ovms_config"],
     }
+    if options["tfs_rest_port"] is not None:  # TF Serving's flag: the port, Lantern's host
+        base = options["inference_address"] or Config().inference_address
+        scheme, _, rest = base.partition("://")
+        host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+        overrides["inference_address"] = f"{scheme}://{host}:{options['tfs_rest_port']}"
     mode = options["model_control_mode"]
     if mode == "poll" and options["watch"] is None:
         overrides["watch_model_store"] = True

@@ -178,3 +178,15 @@ def test_warmup_records(tmp_path: Path) -> None:
     path.write_bytes(write_records([b"\xff\xff"]))
     with pytest.raises(WarmupError, match="record 0 is not a PredictionLog"):
         read_warmup(path)
+
+
+def test_tf_serving_port_flags() -> None:
+    from serve.cli.main import _load_config, start
+
+    options: dict[str, object] = {p.name: None for p in start.params if p.name}
+    options.update(models=(), ncs=False, no_grpc=False, tfs_grpc_port=8500, tfs_rest_port=8501)
+    config = _load_config(options)
+    assert config.grpc_inference_port == 8500
+    assert config.inference_address == "http://127.0.0.1:8501"  # Lantern's host, TF's port
+    options.update(inference_address="http://0.0.0.0:8080")
+    assert _load_config(options).inference_address == "http://0.0.0.0:8501"
