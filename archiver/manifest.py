@@ -25,6 +25,7 @@ BUILTIN_HANDLERS = frozenset(
         "object_detector",
         "text_classifier",
         "text_generation",
+        "triton_python",
         "dali_image_classifier",
         "vllm_handler",
         "trt_llm_handler",

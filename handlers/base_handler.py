@@ -92,10 +92,17 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
         self.initialized = True
 
     def _load_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
+        if model_pt_path and os.path.isfile(os.path.join(model_pt_path, "saved_model.pb")):
+            from handlers.savedmodel import load_savedmodel  # TensorFlow: only when asked for
+
+            properties = self.context.system_properties if self.context else {}
+            return load_savedmodel(model_pt_path, properties.get("num_threads"))
         if model_pt_path and model_pt_path.endswith(".onnx"):
             return self._load_onnx_model(model_pt_path)
         if model_pt_path and model_pt_path.endswith(".pt2"):
             return self._load_torch_export_model(model_pt_path)
+        if model_pt_path and model_pt_path.endswith(".xml"):
+            return self._load_openvino_model(model_pt_path)
         if model_pt_path and model_pt_path.endswith(".pt"):
             try:
                 model = self._load_torchscript_model(model_pt_path)
@@ -139,6 +146,20 @@ class BaseHandler(abc.ABC):  # noqa: B024  (abstract in name only, exactly like 
         on_cuda = self.device is not None and self.device.type == "cuda"
         gpu_id = properties.get("gpu_id") if on_cuda else None
         return runtimes.load_onnx(model_pt_path, gpu_id, properties.get("num_threads"))
+
+    def _load_openvino_model(self, model_pt_path: str) -> Any:
+        """An IR compiled by OpenVINO: ``openvino: {device, plugin_config}`` in the model config
+        (OVMS's ``target_device`` and ``plugin_config`` land there), CPU by default."""
+        options = self.model_yaml_config.get("openvino") or {}
+        properties = self.context.system_properties if self.context else {}
+        return runtimes.load_openvino(
+            model_pt_path,
+            options.get("device"),
+            options.get("plugin_config"),
+            properties.get("num_threads"),
+            batch_size=options.get("batch_size"),
+            shape=options.get("shape"),
+        )
 
     def _load_torch_export_model(self, model_pt_path: str) -> Any:
         return runtimes.load_exported(model_pt_path, self.device)

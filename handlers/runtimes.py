@@ -171,6 +171,105 @@ def load_onnx(path: str, gpu_id: int | None, num_threads: int | None) -> OnnxMod
     return OnnxModel(session)
 
 
+class OpenVinoModel:
+    """An OpenVINO compiled model (IR ``.xml`` + ``.bin``, or ONNX read by OpenVINO) called like a
+    module: tensors in (by position or input name), tensors out (one, or a tuple)."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self._names = [port.get_any_name() for port in compiled.inputs]
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Numpy in by input name, numpy out in the model's output order."""
+        results = self.compiled(dict(feeds))
+        return [np.asarray(results[port]) for port in self.compiled.outputs]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        feeds = dict(zip(self._names, args, strict=False))
+        feeds.update(kwargs)
+        arrays = {
+            name: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            for name, value in feeds.items()
+        }
+        outputs = [torch.from_numpy(out) for out in self.infer(arrays)]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def eval(self) -> OpenVinoModel:
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> OpenVinoModel:
+        return self  # the device was chosen when the model was compiled
+
+
+def load_openvino(
+    path: str,
+    device: str | None = None,
+    plugin_config: Mapping[str, Any] | None = None,
+    num_threads: int | None = None,
+    *,
+    batch_size: int | str | None = None,
+    shape: Any = None,
+) -> OpenVinoModel:
+    """Read and compile an IR (``model.xml`` beside ``model.bin``) once, on ``device`` (``CPU``
+    by default; ``AUTO``, ``GPU``... as OpenVINO names them), with ``plugin_config`` passed
+    through (``PERFORMANCE_HINT``, ``NUM_STREAMS``...). Needs ``lantern-serve[openvino]``.
+
+    Before compiling, OVMS's ``batch_size`` (a number, or ``auto``: any) sets the batch dimension
+    and ``shape`` (``auto``: every dimension dynamic; a list; or ``{input: shape}``) reshapes."""
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise HandlerLoadError(
+            f"{os.path.basename(path)} is an OpenVINO model: install lantern-serve[openvino] "
+            "(pip install openvino)"
+        ) from exc
+    weights = os.path.splitext(path)[0] + ".bin"
+    if path.endswith(".xml") and not os.path.isfile(weights):
+        raise HandlerLoadError(
+            f"{os.path.basename(path)}: its weights file {os.path.basename(weights)} is missing"
+        )
+    config = {str(k): v for k, v in (plugin_config or {}).items()}
+    target = device or "CPU"
+    if num_threads and target == "CPU" and "INFERENCE_NUM_THREADS" not in config:
+        config["INFERENCE_NUM_THREADS"] = int(num_threads)  # the worker's share of the cores
+    core = ov.Core()
+    try:
+        model = core.read_model(path)
+        _reshape(ov, model, batch_size, shape)
+        compiled = core.compile_model(model, target, config)
+    except RuntimeError as exc:
+        raise HandlerLoadError(
+            f"{os.path.basename(path)}: OpenVINO could not load it: {exc}"
+        ) from exc
+    return OpenVinoModel(compiled)
+
+
+def _reshape(ov: Any, model: Any, batch_size: int | str | None, shape: Any) -> None:
+    if shape is not None:
+        if shape == "auto":
+            shape = {port.get_any_name(): "auto" for port in model.inputs}
+        if isinstance(shape, Mapping):
+            model.reshape(
+                {
+                    name: ov.PartialShape.dynamic(len(model.input(name).get_partial_shape()))
+                    if dims == "auto"
+                    else ov.PartialShape([int(d) for d in dims])
+                    for name, dims in shape.items()
+                }
+            )
+        else:
+            model.reshape(ov.PartialShape([int(d) for d in shape]))
+    if batch_size is not None:  # the first dimension of every input, as OVMS takes it
+        batch = ov.Dimension() if batch_size == "auto" else ov.Dimension(int(batch_size))
+        shapes = {}
+        for port in model.inputs:
+            dims = list(port.get_partial_shape())
+            if dims:
+                dims[0] = batch
+                shapes[port.get_any_name()] = ov.PartialShape(dims)
+        model.reshape(shapes)
+
+
 def maybe_compile(model: Any, model_yaml_config: Mapping | None) -> Any:
     """Apply ``torch.compile`` when model-config.yaml asks for it (TorchServe's ``pt2`` key).
 

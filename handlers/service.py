@@ -39,6 +39,7 @@ BUILTIN_HANDLERS = frozenset(
         "object_detector",
         "text_classifier",
         "text_generation",
+        "triton_python",
     }
 )
 DEFAULT_FUNCTION = "handle"

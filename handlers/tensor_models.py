@@ -38,6 +38,7 @@ _ORT_DATATYPES = {
     "tensor(bfloat16)": "BF16",
     "tensor(string)": "BYTES",
 }
+_INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 _TORCH_DATATYPES = {
     "torch.bool": "BOOL",
     "torch.uint8": "UINT8",
@@ -102,21 +103,66 @@ class ModelAdapter:
 
     platform = ""
     batchable = True  # may requests be concatenated along dimension 0?
+    # Triton's max_batch_size (config.pbtxt): requests with more rows are refused; 0: no limit.
+    max_batch_size = 0
 
     def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
         self.inputs = inputs
         self.outputs = outputs
+        # Input dtypes learned from the model itself where nothing declared them (TorchAdapter):
+        # JSON values are cast to them and metadata states them; typed requests are not held
+        # to them (a module may take several dtypes).
+        self.learned: dict[str, str] = {}
+        # Triton's reshape: name -> the shape the model takes (inputs) or gives (outputs),
+        # without the batch dimension when the model batches.
+        self.reshapes: dict[str, list[int]] = {}
 
     def metadata(self) -> dict[str, Any]:
+        inputs = [
+            {**s.as_json(), "datatype": s.datatype or self.learned.get(s.name, "")}
+            for s in self.inputs
+        ]
         return {
             "platform": self.platform,
-            "inputs": [s.as_json() for s in self.inputs],
+            "inputs": inputs,
             "outputs": [s.as_json() for s in self.outputs],
             "tensor_path": True,
         }
 
     def run(self, feeds: Feeds) -> Outputs:
         raise NotImplementedError
+
+    def run_declared(self, feeds: Feeds) -> Outputs:
+        """`run`, with the declared reshapes applied to inputs before and outputs after."""
+        if not self.reshapes:
+            return self.run(feeds)
+        feeds = {
+            name: (self._reshaped(name, array), datatype)
+            for name, (array, datatype) in feeds.items()
+        }
+        outputs = self.run(feeds)
+        declared = {s.name: s for s in self.outputs}
+        reshaped = []
+        for name, array, datatype in outputs:
+            spec = declared.get(name)
+            if name in self.reshapes and spec is not None and spec.shape:
+                dims = spec.shape[1:] if self.max_batch_size > 0 else spec.shape
+                lead = [array.shape[0]] if self.max_batch_size > 0 and array.ndim else []
+                array = array.reshape(lead + [d if d >= 0 else -1 for d in dims])
+            reshaped.append((name, array, datatype))
+        return reshaped
+
+    def _reshaped(self, name: str, array: np.ndarray) -> np.ndarray:
+        shape = self.reshapes.get(name)
+        if shape is None:
+            return array
+        lead = [array.shape[0]] if self.max_batch_size > 0 and array.ndim else []
+        try:
+            return array.reshape(lead + shape)
+        except ValueError:
+            raise InvalidTensorInput(
+                f"input '{name}' of shape {list(array.shape)} cannot be reshaped to {shape}"
+            ) from None
 
     def apply_declared(self, config: dict[str, Any]) -> None:
         """Declared metadata wins over what was read from the model (names map by position)."""
@@ -127,6 +173,20 @@ class ModelAdapter:
         if outputs is not None:
             self.outputs = outputs
         self.platform = declared_platform(config) or self.platform
+        metadata = config.get("metadata") if isinstance(config, dict) else None
+        if isinstance(metadata, dict):
+            self.max_batch_size = _non_negative(metadata.get("maxBatchSize"))
+            for key in ("inputs", "outputs"):
+                for entry in metadata.get(key) or []:
+                    if isinstance(entry, dict) and isinstance(entry.get("reshape"), list):
+                        self.reshapes[str(entry["name"])] = [int(d) for d in entry["reshape"]]
+
+
+def _non_negative(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 # ----- ONNX -----------------------------------------------------------------------------------
@@ -138,7 +198,7 @@ def _ort_spec(arg: Any) -> TensorSpec:
 
 
 class OnnxAdapter(ModelAdapter):
-    platform = "onnx_onnxv1"
+    platform = "onnxruntime_onnx"
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -193,6 +253,62 @@ def _str_to_bytes(array: np.ndarray) -> np.ndarray:
     return out
 
 
+# ----- OpenVINO -------------------------------------------------------------------------------
+
+_OV_DATATYPES = {
+    "boolean": "BOOL",
+    "u8": "UINT8",
+    "u16": "UINT16",
+    "u32": "UINT32",
+    "u64": "UINT64",
+    "i8": "INT8",
+    "i16": "INT16",
+    "i32": "INT32",
+    "i64": "INT64",
+    "f16": "FP16",
+    "f32": "FP32",
+    "f64": "FP64",
+    "bf16": "BF16",
+    "string": "BYTES",
+}
+
+
+def _ov_spec(port: Any) -> TensorSpec:
+    shape = port.get_partial_shape()
+    dims = [] if shape.rank.is_dynamic else [d.get_length() if d.is_static else -1 for d in shape]
+    return TensorSpec(
+        port.get_any_name(), _OV_DATATYPES.get(port.get_element_type().get_type_name(), ""), dims
+    )
+
+
+class OpenVinoAdapter(ModelAdapter):
+    platform = "openvino"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        compiled = model.compiled
+        super().__init__(
+            [_ov_spec(p) for p in compiled.inputs], [_ov_spec(p) for p in compiled.outputs]
+        )
+        self._graph_inputs = [s.name for s in self.inputs]
+        self._graph_outputs = [s.name for s in self.outputs]
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def apply_declared(self, config: dict[str, Any]) -> None:
+        super().apply_declared(config)
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+
+    def run(self, feeds: Feeds) -> Outputs:
+        names = dict(zip((s.name for s in self.inputs), self._graph_inputs, strict=False))
+        ov_feeds = {names.get(name, name): array for name, (array, _) in feeds.items()}
+        results = self.model.infer(ov_feeds)
+        out_names = [s.name for s in self.outputs] or self._graph_outputs
+        return [
+            (out_names[i] if i < len(out_names) else f"output{i}", array, datatype_of(array))
+            for i, array in enumerate(results)
+        ]
+
+
 # ----- torch ----------------------------------------------------------------------------------
 
 
@@ -207,6 +323,30 @@ class TorchAdapter(ModelAdapter):
         super().__init__(inputs, outputs)
 
     def run(self, feeds: Feeds) -> Outputs:
+        """Run the module. A TorchScript or eager module does not say its input dtypes (unless
+        model-config.yaml's ``metadata`` declares them), so JSON numbers are guessed (integers
+        as INT64). When the module refuses integer inputs nobody declared, they are tried once
+        as FP32 (torch's default); if that works, FP32 is learned for them (``learned``): later
+        JSON values are cast to it and metadata states it."""
+        try:
+            return self._call(feeds)
+        except RuntimeError:
+            guessed = [
+                s.name for s in self.inputs if not s.datatype and feeds[s.name][1] in _INTEGERS
+            ]
+            if not guessed:
+                raise
+            retry = dict(feeds)
+            for name in guessed:
+                retry[name] = (feeds[name][0].astype(np.float32), "FP32")
+            outputs = self._call(retry)
+        for name in guessed:
+            if name not in self.learned:
+                logger.info("Input %s taken as FP32: the model refused integers", name)
+            self.learned[name] = "FP32"
+        return outputs
+
+    def _call(self, feeds: Feeds) -> Outputs:
         import torch
 
         args = []
@@ -309,7 +449,7 @@ def adapter_for(service: Any) -> ModelAdapter | None:
     if handler is None:
         return None
     from handlers.base_handler import BaseHandler
-    from handlers.runtimes import OnnxModel
+    from handlers.runtimes import OnnxModel, OpenVinoModel
 
     if not isinstance(handler, BaseHandler):
         return None
@@ -319,14 +459,20 @@ def adapter_for(service: Any) -> ModelAdapter | None:
     model = handler.model
     config = getattr(handler, "model_yaml_config", None) or {}
     adapter: ModelAdapter
-    if isinstance(model, OnnxModel):
+    if type(model).__name__ == "SavedModel" and type(model).__module__ == "handlers.savedmodel":
+        from handlers.savedmodel import SavedModelAdapter
+
+        adapter = SavedModelAdapter(model)
+    elif isinstance(model, OnnxModel):
         adapter = OnnxAdapter(model.session)
+    elif isinstance(model, OpenVinoModel):
+        adapter = OpenVinoAdapter(model)
     else:
         import torch
 
         target = getattr(model, "_orig_mod", model)
         if isinstance(target, torch.jit.ScriptModule):
-            platform = "pytorch_torchscript"
+            platform = "pytorch_libtorch"
         elif isinstance(target, torch.fx.GraphModule):
             platform = "pytorch_export"
         elif isinstance(target, torch.nn.Module):
@@ -347,6 +493,13 @@ _PHASES = ("handle", "preprocess", "inference", "postprocess")
 def check_feeds(adapter: ModelAdapter, feeds: Feeds, model: str, *, strict: bool) -> None:
     """Raise 400 for unknown or missing inputs, a wrong datatype (``strict``) or a wrong shape."""
     specs = {s.name: s for s in adapter.inputs}
+    limit = adapter.max_batch_size
+    if limit > 0:
+        rows = max((array.shape[0] for array, _ in feeds.values() if array.ndim), default=0)
+        if rows > limit:  # Triton's words for it
+            raise InvalidTensorInput(
+                f"inference request batch-size must be <= {limit} for '{model}'"
+            )
     for name in feeds:
         if name not in specs:
             raise InvalidTensorInput(f"unexpected inference input '{name}' for model '{model}'")
@@ -399,6 +552,9 @@ def values_to_feeds(
         if spec is None:
             raise InvalidTensorInput(f"unexpected inference input '{key}' for model '{model}'")
         values = rows[0][key] if columnar else [row[key] for row in rows]
+        learned = adapter.learned.get(name)
+        if learned and not spec.datatype:
+            spec = TensorSpec(spec.name, learned, spec.shape)
         feeds[name] = _typed(values, spec, name)
     return feeds
 
@@ -477,7 +633,7 @@ def run_jobs(adapter: ModelAdapter, jobs: list[Job]) -> dict[int, Outputs | Exce
             continue
         for job in group:
             try:
-                results[job.key] = adapter.run(job.feeds)
+                results[job.key] = adapter.run_declared(job.feeds)
             except Exception as exc:  # reported per request by the caller
                 results[job.key] = exc
     return results
@@ -492,7 +648,7 @@ def _run_together(
     for name, (_, datatype) in group[0].feeds.items():
         feeds[name] = (np.concatenate([job.feeds[name][0] for job in group]), datatype)
     try:
-        outputs = adapter.run(feeds)
+        outputs = adapter.run_declared(feeds)
     except Exception:
         # One request may be at fault: run them one by one so only that one fails.
         logger.debug("A concatenated batch failed; running its requests one by one", exc_info=True)

@@ -126,9 +126,22 @@ class Config:
     install_py_dep_per_model: bool = False
     # Model updates (docs/model-updates.md): a watched store, version policies, admission.
     watch_model_store: bool = False
+    # Triton's --model-control-mode: "" (Lantern's: enable_model_api and watch_model_store
+    # decide), none (no load/unload), poll (the watched store), explicit (load/unload on).
+    model_control_mode: str = ""
+    # OpenVINO Model Server's config.json (model_config_list): served, and re-read when it changes.
+    ovms_config: str | None = None
     watch_interval: float = 2.0  # seconds between scans of the model store
     version_policy: str = "latest: 1"  # latest: N | specific: [versions] | all
     model_version_policies: dict[str, Any] = field(default_factory=dict)  # per model name
+    # TF Serving's start (serve/store/tfs_config.py, docs/migrating-from-tf-serving.md): a
+    # models.config to serve, re-read every model_config_file_poll_wait_seconds (0: read once),
+    # or one model from a versioned tree.
+    model_config_file: str | None = None
+    model_config_file_poll_wait_seconds: float = 0.0
+    model_name: str | None = None
+    model_base_path: str | None = None
+    batching_parameters_file: str | None = None  # TF Serving's BatchingParameters for every model
     memory_admission: bool = True  # refuse (507) workers the host has no memory for
     memory_reserve_mb: int = 256  # memory kept free on the host
     gpu_memory_reserve_mb: int = 512  # memory kept free on each GPU
@@ -182,6 +195,10 @@ class Config:
             if key not in known:
                 raise ConfigError(f"Config '{key}' is not a known setting")
             kwargs[key] = _coerce(key, raw, known[key].type)
+        tf_serving = kwargs.get("model_base_path") or kwargs.get("model_config_file")
+        if tf_serving and not kwargs.get("model_store"):
+            # TF Serving's layout: /models/<name>/<version>/ beside /models/models.config
+            kwargs["model_store"] = str(Path(str(tf_serving)).resolve().parent)
         config = cls(**kwargs)
         config.validate()
         return config
@@ -234,8 +251,14 @@ class Config:
             raise ConfigError("Config 'max_header_size' must be at least 1024 bytes")
         if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
             raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
+        if self.model_control_mode not in ("", "none", "poll", "explicit"):
+            raise ConfigError("Config 'model_control_mode' must be 'none', 'poll' or 'explicit'")
         if self.watch_model_store and not self.model_store:
             raise ConfigError("Config 'watch_model_store' needs a model_store to watch")
+        if self.model_base_path and not self.model_name:
+            raise ConfigError("Config 'model_base_path' needs a 'model_name'")
+        if self.model_base_path and self.model_config_file:
+            raise ConfigError("Give either 'model_config_file' or 'model_base_path', not both")
         if self.watch_interval <= 0:
             raise ConfigError("Config 'watch_interval' must be more than 0 seconds")
 
@@ -437,6 +460,8 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null")):
             if "None" in kind:
                 return None
+            if kind == "str" and isinstance(raw, str):  # a plain string may be empty or "none"
+                return raw.strip()
             raise ValueError(raw)
         if kind.startswith("int"):
             if isinstance(raw, float) and not raw.is_integer():

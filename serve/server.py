@@ -32,6 +32,15 @@ from serve.http.servers import bind_socket, run_servers
 from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
+from serve.store.layouts import scan_store
+from serve.store.ovms_watch import OvmsConfigWatcher
+from serve.store.tfs_batching import BatchingError, read_batching
+from serve.store.tfs_config import (
+    ConfigWatcher,
+    ModelsConfigError,
+    read_models_config,
+    single_model,
+)
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
 from serve.workflows.manager import Workflows
@@ -69,6 +78,11 @@ class Server:
         self.metrics.bind(self.registry)  # queue and worker gauges are read when scraped
         self.metrics.registry.register(UpdateCollector(self.registry))
         self.watcher: StoreWatcher | None = None
+        self.ovms_watcher: OvmsConfigWatcher | None = None
+        if config.ovms_config:
+            self.ovms_watcher = OvmsConfigWatcher(
+                self.registry, Path(config.ovms_config), config.watch_interval
+            )
         self.state = ServerState(config, self.registry, self.metrics, version=__version__)
         self.state.workflows = Workflows(config, self.registry, self.work_dir, self.metrics)
         self.addresses: dict[str, str] = {}
@@ -218,20 +232,66 @@ class Server:
     async def _watch_store(self, loader: asyncio.Task[None]) -> None:
         """With ``watch_model_store``: keep the served versions in line with the store
         (serve/store/watcher.py), from when the startup models are loaded until the server stops."""
-        if not self.config.watch_model_store or not self.config.model_store:
+        config = self.config
+        tf_serving = bool(config.model_config_file or config.model_base_path)
+        watching = config.watch_model_store or config.model_control_mode == "poll"
+        following = self.ovms_watcher is not None
+        if not (watching and config.model_store) and not following and not tf_serving:
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(loader)
         if self.stop_event.is_set():
             return
-        self.watcher = StoreWatcher(
-            self.registry, Path(self.config.model_store), self.config.watch_interval
+        loops = []
+        if self.ovms_watcher is not None:  # OVMS's config.json, re-read when it changes
+            loops.append(self.ovms_watcher.run())
+        if tf_serving:  # TF Serving's models.config or --model_base_path
+            self.watcher = self._config_watcher()
+            if self.watcher is not None:
+                loops.append(self.watcher.run())
+        elif watching and config.model_store:
+            self.watcher = StoreWatcher(
+                self.registry, Path(config.model_store), config.watch_interval
+            )
+            loops.append(self.watcher.run())
+        await asyncio.gather(*loops)
+
+    def _config_watcher(self) -> StoreWatcher | None:
+        """TF Serving's start: the models of ``model_config_file``, or ``model_name`` from
+        ``model_base_path`` (serve/store/tfs_config.py); None (and said) when the file is bad."""
+        from serve.grpc.tfs_warmup import Warmup  # TF Serving's messages, imported only here
+        from serve.grpc.tfserving import TfServingService
+
+        config = self.config
+        config_file = Path(config.model_config_file) if config.model_config_file else None
+        try:
+            if config_file is not None:
+                models = read_models_config(config_file)
+            else:
+                models = single_model(str(config.model_name), str(config.model_base_path))
+            batching = None
+            if config.batching_parameters_file:
+                batching = read_batching(Path(config.batching_parameters_file))
+        except (ModelsConfigError, BatchingError) as exc:
+            logger.error("%s", exc)
+            self.startup.fail(str(config_file or config.batching_parameters_file), str(exc))
+            return None
+        return ConfigWatcher(
+            self.registry,
+            self.state.labels,
+            config_file=config_file,
+            models=models,
+            interval=config.watch_interval,
+            config_poll=config.model_config_file_poll_wait_seconds,
+            batching=batching,
+            warmup=Warmup(TfServingService(self.state)).replay,
         )
-        await self.watcher.run()
 
     async def _stop_watching(self, watching: asyncio.Task[None]) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.ovms_watcher is not None:
+            self.ovms_watcher.stop()
         try:
             await asyncio.wait_for(asyncio.shield(watching), 1.0)
         except asyncio.TimeoutError:  # a load in progress: the registry stops its workers
@@ -280,6 +340,8 @@ class Server:
             await self._load_config_snapshot(snapshots)
         else:
             await self._load_models()
+        if self.ovms_watcher is not None:
+            await self._load_ovms_config(self.ovms_watcher)
         if self.config.snapshot:
             if self.startup.failed:
                 # A snapshot of a start that went wrong (a missing archive, a model that does not
@@ -314,7 +376,8 @@ class Server:
         # A model that fails to load stays registered, so /ping reports it (TorchServe's /ping
         # stays blind to such failures).
         models = []
-        for spec in expand_models(self.config.load_models, self.config.model_store):
+        specs = expand_models(self.config.load_models, self.config.model_store, self.startup)
+        for spec in specs:
             name, _, url = spec.rpartition("=")
             try:
                 models.append(
@@ -333,6 +396,40 @@ class Server:
                     "Model %s version %s failed to load: %s", model.name, model.version, result
                 )
                 self.startup.fail(f"{model.name} {model.version}", str(result))
+        self.startup.notes.extend(self.registry.notes.values())
+        self._note_store_outcome(specs, sum(not isinstance(r, Exception) for r in results))
+
+    def _note_store_outcome(self, specs: list[str], loaded: int) -> None:
+        """``--models all`` that found entries in the store but loaded none says so plainly."""
+        if "all" not in " ".join(self.config.load_models).replace(",", " ").split():
+            return
+        if loaded:
+            return
+        store = self.config.model_store
+        found = len(specs) + len(self.startup.skipped)
+        if found:
+            line = (
+                f"--models all loaded no model: the model store {store} has {found} "
+                f"entr{'ies' if found != 1 else 'y'}, none of which loaded (see above)."
+            )
+        else:
+            line = f"--models all: the model store {store} holds no models; none are served."
+        logger.warning("%s", line)
+        self.startup.notes.append(line)
+
+    async def _load_ovms_config(self, watcher: OvmsConfigWatcher) -> None:
+        """The models OVMS's config.json lists, loaded as ``--models`` are."""
+        models, failures = await watcher.apply()
+        for name, reason in failures:
+            self.state.startup_failures.append(name)
+            self.startup.fail(name, reason)
+        results = await asyncio.gather(*(m.wait_loaded() for m in models), return_exceptions=True)
+        for model, result in zip(models, results, strict=True):
+            if isinstance(result, Exception):
+                self.startup.fail(f"{model.name} {model.version}", str(result))
+        self.startup.notes.extend(
+            line for line in self.registry.notes.values() if line not in self.startup.notes
+        )
 
     async def _load_config_snapshot(self, snapshots: SnapshotStore) -> None:
         """TorchServe's ``model_snapshot`` config key: load exactly the models it lists, with
@@ -373,30 +470,27 @@ class Server:
             server_record.remove_own(self.state_file)
 
 
-def expand_models(specs: list[str], model_store: str | None) -> list[str]:
-    """``--models`` entries as ``name=url`` or ``url``; ``all`` means every archive in the store."""
+def expand_models(
+    specs: list[str], model_store: str | None, report: StartupReport | None = None
+) -> list[str]:
+    """``--models`` entries as ``name=url`` or ``url``; ``all`` means every model in the store
+    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files).
+    The entries ``all`` skips are logged and added to ``report``, with the reason."""
     out: list[str] = []
     for spec in specs:
         for part in spec.replace(",", " ").split():
-            if part == "all":
-                out.extend(_store_archives(model_store))
-            else:
+            if part != "all":
                 out.append(part)
+                continue
+            if not model_store:
+                continue
+            listing = scan_store(Path(model_store))
+            out.extend(listing.models)
+            for name, reason in listing.skipped:
+                logger.warning("Skipped %s in the model store: %s", name, reason)
+                if report is not None:
+                    report.skipped.append((name, reason))
     return out
-
-
-def _store_archives(model_store: str | None) -> list[str]:
-    if not model_store or not Path(model_store).is_dir():
-        return []
-    found = []
-    for entry in sorted(Path(model_store).iterdir()):
-        if entry.name.startswith("."):
-            continue
-        if entry.is_file() and entry.name.endswith((".mar", ".tar.gz", ".tgz")):
-            found.append(entry.name)
-        elif entry.is_dir() and (entry / "MAR-INF" / "MANIFEST.json").is_file():
-            found.append(entry.name)
-    return found
 
 
 class ListenError(OSError):

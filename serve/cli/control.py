@@ -28,6 +28,7 @@ from serve.cli.startup_report import (
     StartupReport,
     failure_lines,
     report_lines,
+    store_lines,
 )
 from serve.config import Config
 from serve.core.host import ProcessMemory, child_pids, process_memory
@@ -82,7 +83,7 @@ def started_outcome(record: Record, health: int | None, log_dir: Path) -> list[s
             + ("" if failed else " Unhealthy.")
         )
         tail = f"Logs: {log_dir / 'lantern.log'} and {log_dir / 'model_log.log'}."
-        raise CliError("\n".join([head, *failed, tail]), EXIT_MODELS_FAILED)
+        raise CliError("\n".join([head, *failed, *store_lines(report), tail]), EXIT_MODELS_FAILED)
     rows = list(record.addresses.items())
     if record.data.get("key_file"):
         rows.append(("tokens", record.data["key_file"]))

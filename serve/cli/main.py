@@ -125,6 +125,65 @@ def main() -> None:
     default=None,
     help="gRPC management port (grpc_management_port; default 7071, 0: a free one).",
 )
+@click.option(
+    "--model_config_file",
+    "--model-config-file",
+    "model_config_file",
+    default=None,
+    help="Serve the models of a TF Serving models.config (docs/migrating-from-tf-serving.md).",
+)
+@click.option(
+    "--model_config_file_poll_wait_seconds",
+    "--model-config-file-poll-wait-seconds",
+    "model_config_file_poll_wait_seconds",
+    type=float,
+    default=None,
+    help="Re-read --model_config_file this often (0: read once, TF Serving's default).",
+)
+@click.option(
+    "--model_name", "--model-name", "model_name", default=None, help="TF Serving's single model."
+)
+@click.option(
+    "--model_base_path",
+    "--model-base-path",
+    "model_base_path",
+    default=None,
+    help="The versioned tree (<base>/<version>/) of --model_name, its latest version served.",
+)
+@click.option(
+    "--port",
+    "tfs_grpc_port",
+    type=int,
+    default=None,
+    help="TF Serving's --port: the gRPC inference port (grpc_inference_port).",
+)
+@click.option(
+    "--rest_api_port",
+    "--rest-api-port",
+    "tfs_rest_port",
+    type=int,
+    default=None,
+    help="TF Serving's --rest_api_port: the inference API's port, on its configured host.",
+)
+@click.option(
+    "--batching_parameters_file",
+    "--batching-parameters-file",
+    "batching_parameters_file",
+    default=None,
+    help="TF Serving's BatchingParameters for the models of a TF Serving-style start.",
+)
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "poll", "explicit"]),
+    default=None,
+    help="Triton's: none (no load/unload), poll (= --watch), explicit (= --enable-model-api).",
+)
+@click.option(
+    "--ovms-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="OpenVINO Model Server's config.json: serve its model_config_list, follow its changes.",
+)
 @click.option("--no-grpc", "no_grpc", is_flag=True, help="Serve no gRPC (enable_grpc=false).")
 @click.option("--foreground", is_flag=True, help="Stay attached; log to the console too.")
 @click.option("--pid-file", default=None, help=_PID_FILE_HELP)
@@ -176,9 +235,29 @@ def _load_config(options: dict[str, Any]) -> Config:
         "disable_token_authorization": options["disable_token_auth"],
         "enable_model_api": options["enable_model_api"],
         "watch_model_store": options["watch"],
-        "grpc_inference_port": options["grpc_inference_port"],
+        # Lantern's flag, else TF Serving's --port
+        "grpc_inference_port": options["grpc_inference_port"]
+        if options["grpc_inference_port"] is not None
+        else options["tfs_grpc_port"],
         "grpc_management_port": options["grpc_management_port"],
+        "model_config_file": options["model_config_file"],
+        "model_config_file_poll_wait_seconds": options["model_config_file_poll_wait_seconds"],
+        "model_name": options["model_name"],
+        "model_base_path": options["model_base_path"],
+        "batching_parameters_file": options["batching_parameters_file"],
+        "model_control_mode": options["model_control_mode"],
+        "ovms_config": options["ovms_config"],
     }
+    if options["tfs_rest_port"] is not None:  # TF Serving's flag: the port, Lantern's host
+        base = options["inference_address"] or Config().inference_address
+        scheme, _, rest = base.partition("://")
+        host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+        overrides["inference_address"] = f"{scheme}://{host}:{options['tfs_rest_port']}"
+    mode = options["model_control_mode"]
+    if mode == "poll" and options["watch"] is None:
+        overrides["watch_model_store"] = True
+    if mode == "explicit" and options["enable_model_api"] is None:
+        overrides["enable_model_api"] = True
     if options["models"]:
         overrides["load_models"] = list(options["models"])
     if options["ncs"]:

@@ -28,6 +28,9 @@ class StartupReport:
     restored: list[str] = field(default_factory=list)  # "name version" of each restored model
     passed_over: str | None = None  # the newest snapshot, not restored: --models named the models
     failed: list[tuple[str, str]] = field(default_factory=list)  # (model, reason)
+    # Store entries ``--models all`` did not take: (name, reason); and a line when it took none.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line each: settings not honoured...
 
     def fail(self, model: str, reason: str) -> None:
         self.failed.append((model, " ".join(reason.split())))  # one line each
@@ -43,21 +46,31 @@ class StartupReport:
             restored=list(data.get("restored") or []),
             passed_over=data.get("passed_over"),
             failed=[(str(m), str(r)) for m, r in data.get("failed") or []],
+            skipped=[(str(m), str(r)) for m, r in data.get("skipped") or []],
+            notes=[str(n) for n in data.get("notes") or []],
         )
 
 
 def report_lines(report: StartupReport) -> list[str]:
-    """The lines ``serve start`` prints about the snapshot it restored or passed over (none
-    when there was none)."""
+    """The lines ``serve start`` prints about the snapshot it restored or passed over, the store
+    entries it skipped and the notes on what it loaded (none when there are none)."""
+    lines = store_lines(report)
     if report.passed_over is not None:
-        return [
+        lines.append(
             f"Not restored: snapshot {report.passed_over}; --models names the models to load "
             "(a start without --models restores the newest snapshot)."
-        ]
+        )
     if report.snapshot is None:
-        return []
+        return lines
     brought = ", ".join(report.restored) if report.restored else "no models"
-    return [f"Restored snapshot {report.snapshot}: {brought}."]
+    lines.append(f"Restored snapshot {report.snapshot}: {brought}.")
+    return lines
+
+
+def store_lines(report: StartupReport) -> list[str]:
+    """The store entries ``--models all`` skipped, with why, and the notes on what loaded."""
+    lines = [f"Skipped {name} in the model store: {reason}" for name, reason in report.skipped]
+    return lines + report.notes
 
 
 def failure_lines(report: StartupReport) -> list[str]:

@@ -7,6 +7,7 @@ metrics package: the scrape-time collectors there read the registry instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -31,3 +32,18 @@ class Observer(Protocol):
 
     async def gpu_samples(self) -> list[GpuSample]:
         """The latest GPU readings (shared with the scrapes); empty where there are none."""
+
+
+@dataclass
+class VersionTally:
+    """Per model version, what Triton's statistics extension reports: requests that succeeded
+    and failed with their cumulative seconds, and batches run with the requests in them."""
+
+    success: int = 0
+    success_seconds: float = 0.0
+    fail: int = 0
+    fail_seconds: float = 0.0
+    queue_seconds: float = 0.0
+    executions: int = 0  # batches a worker ran
+    inferences: int = 0  # requests in them
+    last_inference: float = 0.0  # time.time() of the last answered request, 0 if none

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from archiver import ArchiveError, open_archive
+from archiver import ArchiveError
 from serve.config import Config, ModelSettings
 from serve.core import admission
 from serve.core.devices import visible_gpus
@@ -29,6 +29,7 @@ from serve.core.model_deps import install_requirements, requirements_file
 from serve.core.sequences import check_supported_settings
 from serve.core.threads import ThreadBudget
 from serve.identifiers import shown
+from serve.store.layouts import ModelLayout, Overlay, open_version, recognise
 from serve.store.sources import ModelLocation, ModelSources
 from serve.wire.errors import (
     BadRequest,
@@ -128,6 +129,9 @@ class Registry:
         self.failure_counts: dict[tuple[str, str], int] = {}
         self.load_seconds: dict[tuple[str, str], float] = {}
         self.swaps: dict[str, int] = {}
+        # model -> the line naming what of its config.pbtxt Lantern does not honour (startup
+        # report, once per model)
+        self.notes: dict[str, str] = {}
         # Memory admission's promises (see `_admit_host`): what one worker of a version was
         # admitted with, and the worker counts admitted that are not (all) started yet.
         self._per_worker: dict[tuple[str, str], int] = {}
@@ -178,6 +182,8 @@ class Registry:
         model_url: str | None = None,
         version: str | None = None,
         workflow: str | None = None,
+        config_override: dict[str, Any] | None = None,
+        overlay: Overlay | None = None,
         **options: Unpack[LoadOptions],
     ) -> ModelVersion:
         """Open the archive ``url`` names, add it as a new version and start its workers
@@ -191,6 +197,8 @@ class Registry:
         Memory admission runs first (507 when the workers do not fit); a version whose workers
         cannot load or warm up is removed again and its failure recorded in `failures`.
         ``workflow`` names the workflow the version belongs to (left out of snapshots).
+        ``config_override`` (Triton's ModelConfig as JSON) replaces a model folder's config.pbtxt;
+        ``overlay`` (OVMS's config.json entry) is laid over the layout's settings.
         """
         if model_name:
             _check_name(model_name, "model_name")
@@ -202,9 +210,40 @@ class Registry:
         if initial_workers is not None and initial_workers < 0:
             raise BadRequest("initial_workers cannot be negative.")
         location = await self.sources.resolve(url)
+        try:
+            layout = await asyncio.to_thread(recognise, location.path)
+            if config_override is not None:
+                layout.override_config(config_override, f"the configuration given for {url}")
+            if overlay is not None:
+                layout.apply_overlay(overlay)
+            versions = [""] if layout.kind == "archive" else layout.served_versions(version)
+        except ArchiveError as exc:
+            _forget_download(location)
+            logger.warning("Refused model %s: %s", url, exc)
+            raise BadRequest(f"Invalid model {url}: {client_message(str(exc))}") from exc
+        if layout.not_honoured:
+            self._note_not_honoured(model_name or layout.name, layout)
+        if len(versions) > 1:  # a versioned folder: each served version, the highest the default
+            registered = None
+            for one in versions:
+                each: LoadOptions = {**options, "make_default": one == versions[-1]}
+                registered = await self.register(
+                    url,
+                    model_name=model_name or layout.name,
+                    handler=handler,
+                    runtime=runtime,
+                    model_url=model_url,
+                    version=one,
+                    workflow=workflow,
+                    config_override=config_override,
+                    overlay=overlay,
+                    **each,
+                )
+            assert registered is not None
+            return registered
         dest = self.extract_dir / uuid.uuid4().hex
         try:
-            archive = await asyncio.to_thread(open_archive, location.path, dest)
+            archive = await asyncio.to_thread(open_version, layout, versions[0], dest)
             name = model_name or archive.model_name
             version = version or str(archive.version or "1.0")
             _check_name(name, "model name")
@@ -242,6 +281,16 @@ class Registry:
         return await self.add_source(
             name, version, source, store_name=location.store_name, **options
         )
+
+    def _note_not_honoured(self, name: str, layout: ModelLayout) -> None:
+        """One line per model naming the settings of its config Lantern does not honour."""
+        line = (
+            f"Model {name} ({layout.config_file or layout.path}): Lantern does not honour "
+            f"{', '.join(layout.not_honoured)}"
+        )
+        if self.notes.get(name) != line:
+            self.notes[name] = line
+            logger.warning("%s", line)
 
     async def add_source(
         self,
@@ -591,6 +640,15 @@ class Registry:
         if entry is None or entry.versions.get(model.version) is not model:  # gone meanwhile
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
         return self.set_default(name, model.version)
+
+    async def unregister_all(self, name: str) -> None:
+        """Every version of ``name``, the default last (Triton's unload, OVMS's removal)."""
+        entry = self.models.get(name)
+        if entry is None:
+            raise ModelNotFound(f"Model not found: {shown(name)}")
+        default = entry.default_version
+        for version in [v for v in list(entry.versions) if v != default] + [default]:
+            await self.unregister(name, version)
 
     async def unregister(self, name: str, version: str | None = None) -> ModelVersion:
         """Remove a version: new requests get 404, queued and running ones finish first."""

@@ -1,6 +1,7 @@
 """The descriptor pool server reflection answers from (``grpcurl list``/``describe``).
 
-It holds TorchServe's three files, health, reflection, and ``grpc_predict_v2.proto``: the Open
+It holds TorchServe's three files, TF Serving's services (and the TensorFlow files they import),
+health, reflection, and ``grpc_predict_v2.proto``: the Open
 Inference Protocol under KServe's package ``inference``, made from TorchServe's
 ``open_inference_grpc.proto`` (the messages are the same field for field). That copy lives only in
 this private pool, never in protobuf's default one, so a client process can still import
@@ -17,7 +18,9 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from serve.grpc import ort_codec
 from serve.grpc.gen import inference_pb2, management_pb2, open_inference_grpc_pb2
+from serve.grpc.gen.tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
 TORCHSERVE_OIP = "org.pytorch.serve.grpc.openinference"
 KSERVE_OIP = "inference"
@@ -66,4 +69,20 @@ def pool() -> descriptor_pool.DescriptorPool:
     ):
         result.Add(_file(module))
     result.Add(kserve_file())
+    for module in (prediction_service_pb2, model_service_pb2):  # TF Serving's, with their imports
+        _add_with_imports(result, module.DESCRIPTOR)
+    for proto in ort_codec.file_set().file:  # ONNX Runtime Server's, imports first
+        result.Add(proto)
     return result
+
+
+def _add_with_imports(pool: descriptor_pool.DescriptorPool, file: Any) -> None:
+    """``file`` and every file it imports that ``pool`` lacks, imports first."""
+    for dependency in file.dependencies:
+        _add_with_imports(pool, dependency)
+    try:
+        pool.FindFileByName(file.name)
+    except KeyError:
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        pool.Add(proto)

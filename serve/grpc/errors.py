@@ -45,5 +45,8 @@ def grpc_code_name(http_status: int) -> str:
 
 
 def grpc_code_for(err: ServeError) -> str:
-    """The ``grpc.StatusCode`` member name that answers ``err``."""
-    return grpc_code_name(err.status_code)
+    """The ``grpc.StatusCode`` member name that answers ``err``: its own ``grpc_code`` where a
+    protocol names one (TF Serving's FAILED_PRECONDITION for an unknown signature), else the
+    HTTP status's."""
+    own = getattr(err, "grpc_code", None)
+    return own if isinstance(own, str) else grpc_code_name(err.status_code)

@@ -15,9 +15,12 @@ from typing import Any
 from google.protobuf.message import Message
 
 from serve.core.model import ModelVersion
+from serve.core.triton import output_labels
 from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
+from serve.grpc.triton import SERVICE as TRITON_SERVICE
+from serve.grpc.triton import TritonService
 from serve.http.common import ServerState
 from serve.http.protocols import SERVER_NAME, model_metadata, run_oip
 from serve.wire import OIP, PROTOCOL_HEADER
@@ -54,7 +57,7 @@ class OipService:
             ),
             "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
         }
-        return {
+        handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 methods.unary(f"/{service}/{name}", fn),
                 request_deserializer=decoder(request),
@@ -62,6 +65,9 @@ class OipService:
             )
             for name, (fn, request, response) in table.items()
         }
+        if service == TRITON_SERVICE:  # Triton's extensions: under Triton's name only
+            handlers.update(TritonService(self.state).handlers(methods, service))
+        return handlers
 
     async def server_live(self, call: Call, request: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -108,7 +114,8 @@ class OipService:
                 limit = infer.timeout_us / 1e6
                 timeout = limit if timeout is None else min(timeout, limit)
             tensors = await run_oip(model, call.request_id, headers, infer, timeout)
-            response = response_to_pb(pb, infer, model.name, model.version, tensors)
+            labels = output_labels(model)
+            response = response_to_pb(pb, infer, model.name, model.version, tensors, labels)
             status = 200
             return response
         except ServeError as err:

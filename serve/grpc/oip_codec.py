@@ -10,6 +10,7 @@ the protocol allows only raw). Problems raise ``BadRequest`` (INVALID_ARGUMENT).
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,13 +140,18 @@ def _raw_from_contents(entry: Any, datatype: str, shape: tuple[int, ...], what: 
 
 
 def response_to_pb(
-    messages: Any, request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
+    messages: Any,
+    request: InferRequest,
+    model_name: str,
+    model_version: str,
+    tensors: list[Tensor],
+    labels: Mapping[str, Sequence[str]] | None = None,
 ) -> Any:
     """A ``ModelInferResponse`` of ``messages`` (the service's generated module)."""
     response = messages.ModelInferResponse(
         model_name=model_name, model_version=model_version, id=request.id or ""
     )
-    for _, tensor in answered_outputs(request, model_name, tensors):
+    for _, tensor in answered_outputs(request, model_name, tensors, labels):
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
         response.raw_output_contents.append(bytes(tensor.raw))
     return response

@@ -1,8 +1,10 @@
 """The two gRPC listeners, on the frontend's event loop (``grpc.aio``), beside the HTTP ones.
 
 Inference port (7070): TorchServe's ``InferenceAPIsService``, the Open Inference Protocol under
-both its names, health and reflection. Management port (7071): ``ManagementAPIsService``, health
-and reflection. With token auth, every call of the TorchServe and OIP services needs
+both its names, TF Serving's ``PredictionService`` and ``ModelService``, ONNX Runtime Server's
+``PredictionService``, health and reflection.
+Management port (7071): ``ManagementAPIsService``, health and reflection. With token auth, every
+call of the TorchServe, OIP and TF Serving services needs
 ``authorization: Bearer <key>`` with its port's key (PERMISSION_DENIED otherwise, as TorchServe);
 health and reflection stay open, as ``/ping`` does. Both stop when the server's stop event is
 set: no new calls, and those in flight get ``drain_timeout`` to finish.
@@ -30,6 +32,9 @@ from serve.grpc.management import SERVICE as MANAGEMENT_SERVICE
 from serve.grpc.management import ManagementService
 from serve.grpc.oip import SERVICES as OIP_SERVICES
 from serve.grpc.oip import OipService
+from serve.grpc.ort import SERVICE as ORT_SERVICE
+from serve.grpc.ort import OrtService
+from serve.grpc.tfserving import TfServingService
 from serve.http.common import ServerState
 
 logger = logging.getLogger(__name__)
@@ -58,6 +63,8 @@ class GrpcServers:
             oip = OipService(self.state)
             for name in OIP_SERVICES:
                 services[name] = oip.handlers(self._methods("inference"), name)
+        services.update(TfServingService(self.state).handlers(self._methods("inference")))
+        services[ORT_SERVICE] = OrtService(self.state).handlers(self._methods("inference"))
         await self._start_one("grpc_inference", services, health)
         management = ManagementService(self.state).handlers(self._methods("management"))
         await self._start_one("grpc_management", {MANAGEMENT_SERVICE: management}, health)

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.core.request_ids import new_request_id
+from serve.core.version_labels import VersionLabels
 from serve.wire import openai as openai_wire
 from serve.wire.errors import MethodNotAllowed, NotFound, ServeError, error_body, error_for_status
 
@@ -44,6 +45,7 @@ class ServerState:
     starting: bool = True  # until the startup models (or the snapshot) are registered and loaded
     startup_failures: list[str] = field(default_factory=list)  # startup models never registered
     workflows: Workflows | None = None  # the workflow API's state (serve/workflows/)
+    labels: VersionLabels = field(default_factory=VersionLabels)  # TF Serving's version labels
 
 
 def request_id(request: Request) -> str:

@@ -34,7 +34,9 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from serve.core.jobs import BatchItem, ItemResult
 from serve.core.model import ModelVersion
 from serve.core.offload import INLINE_MAX, run_big, run_sized
-from serve.http import inputs
+from serve.core.triton import output_labels
+from serve.core.version_labels import resolve
+from serve.http import inputs, ort_server
 from serve.http.common import NO_CACHE_HEADERS, ServerState, request_id
 from serve.http.inputs import request_timeout
 from serve.wire import (
@@ -48,6 +50,7 @@ from serve.wire import (
     PROTOCOL_HEADER,
     kserve_v1,
     oip,
+    tfserving,
 )
 from serve.wire.errors import (
     BadRequest,
@@ -70,8 +73,11 @@ _BODY_HEADERS = frozenset(
 
 def protocol_routes(state: ServerState) -> list[BaseRoute]:
     """The ``/v1`` and ``/v2`` routes; each tree answers its own errors as ``{"error"}``."""
+    from serve.http.triton import triton_routes
+
     api = _Protocols(state)
     v2 = [
+        *triton_routes(state),
         Route("/", api.server_metadata, methods=["GET"]),
         Route("/health/live", api.live, methods=["GET"]),
         Route("/health/ready", api.ready, methods=["GET"]),
@@ -89,6 +95,12 @@ def protocol_routes(state: ServerState) -> list[BaseRoute]:
         Route("/models/{target}", api.v1_predict, methods=["POST"]),
         Route("/models/{model}/versions/{target}", api.v1_status, methods=["GET"]),
         Route("/models/{model}/versions/{target}", api.v1_predict, methods=["POST"]),
+        # TF Serving's version labels and metadata
+        Route("/models/{model}/labels/{target}", api.v1_status, methods=["GET"]),
+        Route("/models/{model}/labels/{target}", api.v1_predict, methods=["POST"]),
+        Route("/models/{model}/metadata", api.v1_metadata, methods=["GET"]),
+        Route("/models/{model}/versions/{version}/metadata", api.v1_metadata, methods=["GET"]),
+        Route("/models/{model}/labels/{label}/metadata", api.v1_metadata, methods=["GET"]),
     ]
     return [
         Route("/v2", api.server_metadata, methods=["GET"]),
@@ -194,14 +206,15 @@ def _timeout(request: Request, timeout_us: int | None = None) -> float | None:
     return min(limits) if limits else None
 
 
-def _model_state(model: ModelVersion) -> tuple[str, str]:
-    """TF Serving's state for a version, and an error message when it has none."""
+def model_state(model: ModelVersion) -> tuple[str, str]:
+    """TF Serving's state for a version (``AVAILABLE``, ``LOADING``, or ``END`` for a version
+    that failed or has no worker), and an error message when it has one."""
     if model.ready_workers() > 0:
         return "AVAILABLE", ""
     error = model.load_error()
     if error is not None:
-        return "UNAVAILABLE", error
-    return ("LOADING" if any(not w.retiring for w in model.workers()) else "UNAVAILABLE"), ""
+        return "END", error
+    return ("LOADING" if any(not w.retiring for w in model.workers()) else "END"), ""
 
 
 class _Protocols:
@@ -293,6 +306,7 @@ class _Protocols:
                 model.name,
                 model.version,
                 tensors,
+                output_labels(model),
             )
             self._check_size(payload)
             headers = {**NO_CACHE_HEADERS, **extra, "x-request-id": rid}
@@ -329,35 +343,95 @@ class _Protocols:
     async def list_models(self, request: Request) -> Response:
         return _json({"models": sorted(self.registry.models)})
 
+    def _v1_model(self, request: Request, name: str, target: str | None) -> ModelVersion:
+        """The version a ``/v1`` path names: ``/versions/{v}`` (0: the default version, as OVMS)
+        or TF Serving's ``/labels/{l}``."""
+        by_label = "/labels/" in request.url.path
+        _label(request, name, target)
+        return resolve(
+            self.registry,
+            self.state.labels,
+            name,
+            None if by_label else target,
+            target if by_label else None,
+        )
+
     @_protocol_errors
     async def v1_status(self, request: Request) -> Response:
         path = request.path_params
         target, action = kserve_v1.split_target(path["target"])
         if action is not None:
             raise MethodNotAllowed(f"Use POST for :{action}.")
-        if "model" in path:
-            _label(request, path["model"], target)
-            models = [self.registry.get(path["model"], target)]
+        if "model" in path and target == "0" and "/versions/" in request.url.path:
+            _label(request, path["model"], None)  # OVMS: version 0 is every version's status
+            models = self.registry.versions(path["model"])
+        elif "model" in path:
+            models = [self._v1_model(request, path["model"], target)]
         else:
             _label(request, target, None)
             models = self.registry.versions(target)
-        states = [(m.version, *_model_state(m)) for m in models]
+        states = [(m.version, *model_state(m)) for m in models]
         return _json(kserve_v1.status_body(models[0].name, states))
+
+    @_protocol_errors
+    async def v1_metadata(self, request: Request) -> Response:
+        path = request.path_params
+        target = path.get("version") or path.get("label")
+        if "label" in path:
+            _label(request, path["model"], target)
+            model = resolve(self.registry, self.state.labels, path["model"], None, target)
+        else:
+            model = self._v1_model(request, path["model"], target)
+        metadata = await self.metadata(model, request_id(request))
+        return _json(tfserving.metadata_body(model.name, model.version, metadata))
 
     @_protocol_errors
     async def v1_predict(self, request: Request) -> Response:
         rid = request_id(request)
         path = request.path_params
         target, action = kserve_v1.split_target(path["target"])
-        if action not in kserve_v1.ACTIONS:
+        if action not in (*kserve_v1.ACTIONS, *EXAMPLE_ACTIONS):
             what = f"':{action}'" if action else "no ':predict' or ':explain'"
-            raise NotFound(f"Unsupported request {what}; use :predict or :explain.")
+            raise NotFound(
+                f"Unsupported request {what}; use :predict, :classify, :regress or :explain."
+            )
         name, version = (path["model"], target) if "model" in path else (target, None)
-        _label(request, name, version)
-        self.registry.get(name, version)  # an unknown model is a 404 before the body is read
+        # ONNX Runtime Server's predict shares this route (serve/http/ort_server.py).
+        ort_route = action == "predict" and "/versions/" in request.url.path
+        # An unknown model or version is a 404 before the body is read.
+        try:
+            if version:
+                version = self._v1_model(request, name, version).version
+            else:
+                _label(request, name, None)
+                self.registry.get(name)
+        except ServeError as err:
+            if ort_route and ort_server.is_protobuf(request):
+                return ort_server.error_response(request, rid, err)
+            raise
 
         async def answer() -> Response:
             body = await read_body(request, self.state.config.max_request_size)
+            if ort_route and (
+                ort_server.is_protobuf(request)
+                or await run_sized(len(body), ort_server.is_ort_json, body)
+            ):
+                model = self.registry.get(name, version)
+                headers = _forward_headers(request, OIP)
+                timeout = _timeout(request)
+                return await ort_server.predict(
+                    request, rid, model, body, headers, timeout, run_oip
+                )
+            if action in EXAMPLE_ACTIONS:
+                model = self.registry.get(name, version)
+                headers = _forward_headers(request, OIP)
+                data = await run_examples(model, rid, headers, body, action, _timeout(request))
+                return Response(
+                    data,
+                    200,
+                    headers={**NO_CACHE_HEADERS, "x-request-id": rid},
+                    media_type="application/json",
+                )
             headers = _forward_headers(request, KSERVE_V1)
             headers[MAX_ELEMENTS_HEADER] = str(self.state.config.max_request_elements)
             if action == "explain":
@@ -406,6 +480,34 @@ async def run_oip(
     """
     result = await model.submit(oip_item(rid, headers, infer), timeout)
     return _tensors(result)
+
+
+EXAMPLE_ACTIONS = ("classify", "regress")
+
+
+async def run_examples(
+    model: ModelVersion,
+    rid: str,
+    headers: dict[str, str],
+    body: bytes,
+    action: str,
+    timeout: float | None,
+) -> bytes:
+    """A TF Serving REST ``:classify`` or ``:regress``: its examples as the model's input
+    tensors (``serve.wire.tfserving``), and TF Serving's ``{"result": ...}`` answer."""
+    signature, examples, context = await run_sized(len(body), tfserving.parse_examples, body)
+    tfserving.check_signature(signature)
+    tensors = tfserving.examples_to_tensors(examples, context)
+    infer = oip.InferRequest(None, {}, tensors, None, True, None)
+    answered = await run_oip(model, rid, headers, infer, timeout)
+    if action == "classify":
+        result: Any = [
+            [[label, score] for label, score in row]
+            for row in tfserving.classifications(answered, len(examples))
+        ]
+    else:
+        result = tfserving.regressions(answered, len(examples))
+    return json.dumps({"result": result}, separators=(",", ":")).encode()
 
 
 def oip_item(rid: str, headers: dict[str, str], infer: oip.InferRequest) -> BatchItem:

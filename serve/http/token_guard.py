@@ -29,6 +29,10 @@ _OPEN_PATHS = re.compile(
 _READINESS = re.compile(r"^/v1/models/[^/:]+(:ready)?$")
 
 
+# Triton's repository extension on the inference port: loading and unloading are management.
+_REPOSITORY_CHANGE = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
+
+
 def is_open(method: str, path: str) -> bool:
     """Whether ``method path`` answers without a token."""
     if _OPEN_PATHS.match(path) or (method == "OPTIONS" and path == "/"):
@@ -63,7 +67,10 @@ class TokenGuard:
                 rotated = self.auth.rotate(_query_type(scope))
                 await json_response(rotated)(scope, receive, send)
                 return
-            self.auth.check(self.kind, headers)
+            kind = self.kind
+            if kind == "inference" and _REPOSITORY_CHANGE.match(scope["path"]):
+                kind = "management"  # Triton's load/unload change models: the management key
+            self.auth.check(kind, headers)
         except ServeError as err:
             await answer_error(scope, send, err, protocols=self.kind == "inference", close=False)
             return

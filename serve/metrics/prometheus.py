@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from serve.core.observer import VersionTally
 from serve.metrics.collectors import ServingCollector
 from serve.metrics.exposition import BareCounter, render
 from serve.metrics.handler import HandlerMetrics
@@ -103,6 +105,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.hostname = socket.gethostname()
         self.serving: Registry | None = None
+        # (model, version) -> counts for Triton's statistics extension (serve/http/triton.py)
+        self.tallies: dict[tuple[str, str], VersionTally] = {}
         r = self.registry
         self.torchserve = TorchServeCounters(self.hostname)
         r.register(self.torchserve)
@@ -203,6 +207,16 @@ class ServerMetrics:
         if series is None or series.version != version:
             series = self._requests[key] = _RequestSeries(self, model, version)
         series.latency.observe(seconds)
+        tally = self.tallies.get((model, version))
+        if tally is None:
+            tally = self.tallies[(model, version)] = VersionTally()
+        if status < 400:
+            tally.success += 1
+            tally.success_seconds += seconds
+        else:
+            tally.fail += 1
+            tally.fail_seconds += seconds
+        tally.last_inference = time.time()
         series.ts_requests.value += 1.0
         series.ts_latency.value += seconds * 1e6
         counter = series.by_status.get(status)
@@ -230,12 +244,18 @@ class ServerMetrics:
             series = self._batches[(model, version)] = _BatchSeries(self, model, version)
         series.batch_size.observe(len(jobs))
         queue, ts_queue = series.queue, series.ts_queue
+        tally = self.tallies.get((model, version))
+        if tally is None:
+            tally = self.tallies[(model, version)] = VersionTally()
+        tally.executions += 1
+        tally.inferences += len(jobs)
         for job in jobs:
             wait = job.dispatched_at - job.arrived
             if wait < 0.0:
                 wait = 0.0
             queue.observe(wait)
             ts_queue.value += wait * 1e6
+            tally.queue_seconds += wait
         phases = series.phases
         timings = outcome.timings
         if "completion_tokens" in timings:

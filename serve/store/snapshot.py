@@ -111,6 +111,7 @@ class SnapshotStore:
                         model = await registry.register(
                             entry["marName"],
                             model_name=name,
+                            version=version,  # a versioned folder holds several
                             handler=entry.get("handler"),
                             runtime=entry.get("runtime"),
                             initial_workers=int(entry.get("minWorkers", 0)),

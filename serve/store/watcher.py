@@ -4,8 +4,9 @@ Two layouts, side by side in one store:
 
 - flat, TorchServe's: ``<store>/<file>.mar`` (also ``.tar.gz``, ``.tgz`` or an unpacked archive
   folder holding ``MAR-INF/MANIFEST.json``); the model's name and version are its manifest's.
-- versioned, TF Serving's: ``<store>/<name>/<version>/`` holding one archive file or an unpacked
-  archive; the folder names are the model's name and version.
+- versioned, TF Serving's, Triton's and OVMS's: ``<store>/<name>/<version>/`` holding one archive
+  file, an unpacked archive or a model file (`serve.store.layouts`); the folder names are the
+  model's name and version, and ``<name>/config.pbtxt`` is read when there is one.
 
 Completeness rule: a file or folder is taken only once its fingerprint (the number, sizes and
 modification times of its files) has stayed the same for at least one ``watch_interval``, across
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archiver import ArchiveError, read_manifest
+from serve.store.layouts import version_of
 from serve.store.version_policy import (
     DEFAULT_POLICY,
     PolicyError,
@@ -93,13 +95,18 @@ def scan_store(store: Path, manifests: dict[Path, tuple[Fingerprint, str, str]])
                 if not _NAME.fullmatch(version_dir.name) or version_dir.name == "all":
                     continue
                 target = _version_target(version_dir)
-                if target is not None:
+                url = None if target is None else target.relative_to(store).as_posix()
+                if target is None and version_of(version_dir) is not None:
+                    # A model file (Triton, OVMS): the model folder is what the registry opens,
+                    # so that its config.pbtxt is read; the version picks the folder.
+                    target, url = version_dir, entry.name
+                if target is not None and url is not None:
                     found.append(
                         Candidate(
                             entry.name,
                             version_dir.name,
                             target,
-                            target.relative_to(store).as_posix(),
+                            url,
                             fingerprint(version_dir),
                         )
                     )
@@ -330,11 +337,19 @@ class StoreWatcher:
             for version in plan.unload:
                 await self._unload(name, version)
 
+    def settings_for(self, cand: Candidate) -> dict[str, Any] | None:
+        """Settings over the version's own model-config.yaml (none here; see ConfigWatcher)."""
+        return None
+
     async def _load(self, cand: Candidate) -> None:
         logger.info("Model store: loading %s version %s from %s", cand.name, cand.version, cand.url)
         try:
             await self.registry.register(
-                cand.url, model_name=cand.name, version=cand.version, synchronous=True
+                cand.url,
+                model_name=cand.name,
+                version=cand.version,
+                synchronous=True,
+                settings=self.settings_for(cand),
             )
         except Conflict:
             logger.info(

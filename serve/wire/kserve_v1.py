@@ -19,6 +19,7 @@ from typing import Any
 
 from serve.wire.errors import BadRequest, PayloadTooLarge
 from serve.wire.json_input import TOO_DEEP, parse_json
+from serve.wire.tfserving import check_signature
 
 DATA = "data"  # the row key of an unnamed instance (TorchServe handlers read row["data"])
 ACTIONS = ("predict", "explain")
@@ -107,6 +108,8 @@ def count_values(doc: Any, limit: int) -> int:
 def _parse_doc(doc: Any) -> V1Request:
     if not isinstance(doc, dict):
         raise BadRequest("the request must be a JSON object with 'instances' or 'inputs'")
+    signature = doc.get("signature_name", "")
+    check_signature(signature if isinstance(signature, str) else str(signature))
     has_rows, has_cols = "instances" in doc, "inputs" in doc
     if has_rows == has_cols:
         raise BadRequest("the request must have exactly one of 'instances' or 'inputs'")
@@ -151,7 +154,7 @@ def status_body(name: str, versions: list[tuple[str, str, str]]) -> dict[str, An
     """KServe v1 ``{"name", "ready"}`` merged with TF Serving's ``model_version_status``.
 
     ``versions`` holds ``(version, state, error)``, state being TF Serving's ``AVAILABLE``,
-    ``LOADING`` or ``UNAVAILABLE``.
+    ``LOADING`` or ``END`` (failed, or no worker).
     """
     return {
         "name": name,

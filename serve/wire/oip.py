@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,15 @@ from serve.wire.tensors import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_versions", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_versions",
+    "parameters",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 _UNSUPPORTED_PARAMS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -291,23 +300,33 @@ def requested_output(
 # ----- responses ------------------------------------------------------------------------------
 
 
-def classify(tensor: Tensor, count: int) -> Tensor:
-    """Triton's classification extension: the top ``count`` ``"value:index"`` per batch row."""
+def classify(tensor: Tensor, count: int, labels: Sequence[str] = ()) -> Tensor:
+    """Triton's classification extension: the top ``count`` ``"value:index"`` per batch row,
+    ``"value:index:label"`` where the output has labels (config.pbtxt's ``label_filename``)."""
     if tensor.datatype in ("BYTES", "BF16"):
         raise BadRequest(f"output '{tensor.name}' of {tensor.datatype} cannot be classified")
     array = tensor.array()
     rows = array.reshape(1, -1) if array.ndim <= 1 else array.reshape(array.shape[0], -1)
     k = min(count, rows.shape[1])
     order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :k]
-    labels = np.empty(order.shape, dtype=object)
+    texts = np.empty(order.shape, dtype=object)
     for r, row in enumerate(order):
-        labels[r] = [f"{float(rows[r, i]):f}:{int(i)}".encode() for i in row]
+        texts[r] = [_class(float(rows[r, i]), int(i), labels) for i in row]
     shape = (k,) if array.ndim <= 1 else (array.shape[0], k)
-    return Tensor.from_array(tensor.name, labels.reshape(shape), "BYTES")
+    return Tensor.from_array(tensor.name, texts.reshape(shape), "BYTES")
+
+
+def _class(value: float, index: int, labels: Sequence[str]) -> bytes:
+    if index < len(labels):
+        return f"{value:f}:{index}:{labels[index]}".encode()
+    return f"{value:f}:{index}".encode()
 
 
 def answered_outputs(
-    request: InferRequest, model_name: str, tensors: list[Tensor]
+    request: InferRequest,
+    model_name: str,
+    tensors: list[Tensor],
+    labels: Mapping[str, Sequence[str]] | None = None,
 ) -> list[tuple[RequestedOutput, Tensor]]:
     """The outputs a response carries, in order: those the request named (classified where it
     asked), else every tensor the model answered. Shared with ``serve.grpc.oip_codec``."""
@@ -321,19 +340,23 @@ def answered_outputs(
         tensor = by_name.get(out.name)
         if tensor is None:
             raise BadRequest(f"unexpected inference output '{out.name}' for model '{model_name}'")
-        answered.append(
-            (out, classify(tensor, out.classification) if out.classification else tensor)
-        )
+        if out.classification:
+            tensor = classify(tensor, out.classification, (labels or {}).get(out.name, ()))
+        answered.append((out, tensor))
     return answered
 
 
 def build_response(
-    request: InferRequest, model_name: str, model_version: str, tensors: list[Tensor]
+    request: InferRequest,
+    model_name: str,
+    model_version: str,
+    tensors: list[Tensor],
+    labels: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The response body and its headers (content type, and the header length when binary)."""
     outputs: list[dict[str, Any]] = []
     raws: list[bytes | memoryview] = []
-    for out, tensor in answered_outputs(request, model_name, tensors):
+    for out, tensor in answered_outputs(request, model_name, tensors, labels):
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,

@@ -224,7 +224,7 @@ def test_errors(store: Path) -> None:
             await post(lantern, "/v1/models/custom/versions/9.0:predict", {"instances": [1]}), 404
         )
         assert_error(
-            await post(lantern, "/v1/models/scale:classify", {"instances": [1]}), 404, ":classify"
+            await post(lantern, "/v1/models/scale:bogus", {"instances": [1]}), 404, ":bogus"
         )
         assert_error(await post(lantern, "/v1/models/scale", {"instances": [1]}), 404)
         raw = await lantern.inference.post("/v1/models/scale:predict", content=b"{nope")

@@ -123,7 +123,7 @@ def test_model_metadata_is_read_from_the_model(client: triton.InferenceServerCli
     assert client.get_model_metadata("multi") == {
         "name": "multi",
         "versions": ["1.0"],
-        "platform": "onnx_onnxv1",
+        "platform": "onnxruntime_onnx",
         "inputs": [
             {"name": "tokens", "datatype": "INT64", "shape": [-1, 8]},
             {"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]},

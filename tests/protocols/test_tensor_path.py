@@ -178,7 +178,7 @@ def test_torchscript_metadata_names_inputs_from_the_signature(sees_batch) -> Non
     ((item, body),) = run(*sees_batch, metadata())
     assert item["ct"] == "application/json"
     assert json.loads(body) == {
-        "platform": "pytorch_torchscript",
+        "platform": "pytorch_libtorch",
         "inputs": [{"name": "a", "datatype": "", "shape": []}],
         "outputs": [],
         "tensor_path": True,
@@ -189,7 +189,7 @@ def test_onnx_metadata_comes_from_the_graph(multi) -> None:
     service, context, _ = multi
     ((_, body),) = run(service, context, metadata())
     assert json.loads(body) == {
-        "platform": "onnx_onnxv1",
+        "platform": "onnxruntime_onnx",
         "inputs": [
             {"name": "tokens", "datatype": "INT64", "shape": [-1, 8]},
             {"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]},
@@ -451,3 +451,29 @@ def test_bf16_tensors_reach_torch_as_bfloat16(sees_batch) -> None:
     (doubled, _) = decode_bundle(body, item["ct"])
     assert doubled.datatype == "BF16"
     np.testing.assert_array_equal(bf16_to_float32(doubled.array()), values * 2)
+
+
+def test_undeclared_integer_inputs_refused_by_torch_are_tried_as_fp32() -> None:
+    import numpy as np
+    import torch
+
+    from handlers.tensor_models import TorchAdapter, values_to_feeds
+
+    torch.manual_seed(0)
+    linear = torch.jit.script(torch.nn.Linear(3, 2).eval())
+    adapter = TorchAdapter(linear, torch.device("cpu"), "pytorch_torchscript")
+    feeds = values_to_feeds(adapter, [{"data": [1, 2, 3]}], columnar=False, model="m")
+    assert feeds["input"][1] == "INT64"  # JSON integers are guessed as INT64
+    ((_, got, datatype),) = adapter.run(feeds)
+    with torch.no_grad():
+        want = linear(torch.tensor([[1.0, 2.0, 3.0]])).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert datatype == "FP32" and adapter.learned == {"input": "FP32"}
+    assert adapter.metadata()["inputs"][0]["datatype"] == "FP32"
+    again = values_to_feeds(adapter, [{"data": [4, 5, 6]}], columnar=False, model="m")
+    assert again["input"][1] == "FP32"  # now cast to what was learned
+
+    doubler = torch.jit.script(torch.nn.Identity())
+    ints = TorchAdapter(doubler, torch.device("cpu"), "pytorch_torchscript")
+    ints.run(values_to_feeds(ints, [{"data": [1, 2]}], columnar=False, model="m"))
+    assert ints.learned == {}  # a module that takes integers learns nothing

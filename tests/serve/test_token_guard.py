@@ -155,3 +155,23 @@ def test_lifespan_passes_through(auth: TokenAuth) -> None:
         await TokenGuard(_inner, auth, "inference")({"type": "lifespan"}, receive, send)
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        ("/v2/repository/models/m/load", "management"),
+        ("/v2/repository/models/m/unload", "management"),
+        ("/v2/repository/index", "inference"),
+        ("/v2/models/m/config", "inference"),
+        ("/v2/models/stats", "inference"),
+    ],
+)
+def test_tritons_load_and_unload_take_the_management_key(
+    auth: TokenAuth, path: str, key: str
+) -> None:
+    """They change the models, as the management API's register and unregister do."""
+    keys = {kind: f"Bearer {auth.keys[kind].key}" for kind in ("inference", "management")}
+    for given, bearer in keys.items():
+        answer = _request(auth, "inference", "POST", path, {"Authorization": bearer})
+        assert answer.status_code == (200 if given == key else 401), given

@@ -130,3 +130,20 @@ def test_manifest_cache_follows_the_fingerprint(tmp_path: Path, built: dict[str,
     assert _seen(scan_store(store, cache)) == {("echo", "1.0", "echo.mar")}
     shutil.copy(built["v2"], store / "echo.mar")  # replaced by a new version, same file name
     assert _seen(scan_store(store, cache)) == {("echo", "2.0", "echo.mar")}
+
+
+def test_triton_and_ovms_version_folders(tmp_path: Path) -> None:
+    """A model file in a version folder: the candidate opens the model folder (its config.pbtxt
+    is read) at that version."""
+    store = tmp_path / "store"
+    for version in ("1", "2"):
+        (store / "t" / version).mkdir(parents=True)
+        (store / "t" / version / "model.onnx").write_bytes(b"")
+    (store / "t" / "config.pbtxt").write_text("max_batch_size: 4")
+    (store / "ov" / "3").mkdir(parents=True)
+    (store / "ov" / "3" / "net.xml").write_text("<net/>")
+    (store / "ov" / "3" / "net.bin").write_bytes(b"")
+    (store / "ov" / "4").mkdir()  # no model yet
+    found = scan_store(store, {})
+    assert _seen(found) == {("t", "1", "t"), ("t", "2", "t"), ("ov", "3", "ov")}
+    assert {c.path for c in found if c.name == "t"} == {store / "t" / "1", store / "t" / "2"}

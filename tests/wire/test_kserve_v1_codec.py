@@ -75,10 +75,10 @@ def test_targets_and_status() -> None:
     assert kserve_v1.split_target("mnist:predict") == ("mnist", "predict")
     assert kserve_v1.split_target("a:b:explain") == ("a:b", "explain")
     assert kserve_v1.split_target("mnist") == ("mnist", None)
-    status = kserve_v1.status_body("m", [("1.0", "AVAILABLE", ""), ("2.0", "UNAVAILABLE", "boom")])
+    status = kserve_v1.status_body("m", [("1.0", "AVAILABLE", ""), ("2.0", "END", "boom")])
     assert status["name"] == "m" and status["ready"] is True
     assert status["model_version_status"][1] == {
         "version": "2.0",
-        "state": "UNAVAILABLE",
+        "state": "END",
         "status": {"error_code": "UNAVAILABLE", "error_message": "boom"},
     }
