@@ -26,9 +26,6 @@ from serve.store.version_policy import sort_versions
 from serve.wire.errors import BadRequest, MethodNotAllowed, ModelNotFound
 
 POLL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"
-NONE_REFUSED = (
-    "explicit model load / unload is not allowed: the server runs with --model-control-mode none"
-)
 
 
 # ----- model configuration ---------------------------------------------------------------------
@@ -167,11 +164,10 @@ def _stem(entry: str) -> str:
 
 
 def check_model_control(config: Config) -> None:
-    """Load and unload need the model API on, and are refused while the store is polled."""
+    """Load and unload need the model API on (off by default, as with Triton's ``none``), and
+    are refused while the store is polled."""
     if config.model_control_mode == "poll":
         raise MethodNotAllowed(POLL_REFUSED)
-    if config.model_control_mode == "none":
-        raise MethodNotAllowed(NONE_REFUSED)
     require_model_api(config)
 
 

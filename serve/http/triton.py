@@ -5,7 +5,7 @@
   state (body ``{"ready": true}`` lists only the ready ones).
 - ``POST /v2/repository/models/{m}/load`` (body ``{"parameters": {"config": "<JSON>"}}`` to
   override config.pbtxt) and ``.../unload``: the management API's register and unregister, behind
-  ``enable_model_api`` and the management token, refused with ``--model-control-mode poll|none``.
+  ``enable_model_api`` and the management token, refused with ``--model-control-mode poll``.
 - ``GET /v2/models/stats``, ``/v2/models/{m}[/versions/{v}]/stats``: ``{"model_stats": [...]}``.
 
 Errors are ``{"error": "..."}`` like the rest of ``/v2``.

@@ -50,6 +50,8 @@ platform: "pytorch_libtorch"
 max_batch_size: 4
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+model_warmup [ { name: "w" batch_size: 2 count: 2 inputs { key: "INPUT__0" value: {
+  data_type: TYPE_FP32 dims: [ 3 ] random_data: true } } } ]
 """
 READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre"]
 PYTHON_CONFIG = """
@@ -337,7 +339,10 @@ def test_python_backend_model_runs_unchanged(
         http.infer("pre", [_http_input(-x, False)])
 
 
-def test_torchscript_model(http: thttp.InferenceServerClient) -> None:
+def test_torchscript_model(server: LanternServer, http: thttp.InferenceServerClient) -> None:
+    # config.pbtxt's model_warmup ran through the worker before it took traffic
+    console = (server.workdir / "console.log").read_text(errors="replace")
+    assert "[script 1 script_1-w0] Warm-up: 2 requests in 2 batches" in console
     x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
     result = http.infer("script", [_http_input(x, True, "INPUT__0")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x * 2 + 1)
