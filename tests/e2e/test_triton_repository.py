@@ -471,3 +471,22 @@ def test_serve_start_says_what_it_skipped_and_that_nothing_loaded(tmp_path: Path
                 )
         finally:
             assert serve("stop", "--pid-file", str(state)).returncode == 0
+
+
+def test_register_a_bare_model_file_over_the_management_api(
+    server: LanternServer, http: thttp.InferenceServerClient
+) -> None:
+    """``POST /models?url=`` takes a bare model file as it takes an archive."""
+    import httpx
+
+    answer = httpx.post(
+        f"{server.management}/models",
+        params={"url": "bare.onnx", "model_name": "bare2", "initial_workers": 1},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    x = np.ones((1, 4), dtype=np.float32)
+    np.testing.assert_array_equal(http.infer("bare2", [_http_input(x, True)]).as_numpy("y"), x * 7)
+    junk = httpx.post(f"{server.management}/models", params={"url": "junk"}, timeout=60)
+    assert junk.status_code == 400 and "not a model folder" in junk.json()["message"]
+    assert httpx.delete(f"{server.management}/models/bare2", timeout=60).status_code == 200
