@@ -93,7 +93,7 @@ class TritonService:
         return response
 
     async def index(self, call: Call, request: Any) -> Any:
-        rows = triton.repository_index(self.registry, bool(request.ready))
+        rows = await triton.repository_index(self.registry, bool(request.ready))
         response = pb.RepositoryIndexResponse()
         json_format.ParseDict({"models": rows}, response)
         return response

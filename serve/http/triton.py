@@ -63,7 +63,7 @@ class _Triton:
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise BadRequest("'ready' must be a boolean")
-        return _json(triton.repository_index(self.registry, ready))
+        return _json(await triton.repository_index(self.registry, ready))
 
     @_protocol_errors
     async def load(self, request: Request) -> Response:
