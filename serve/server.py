@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from archiver import ArchiveError
 from serve import __version__
 from serve.cli.startup_report import StartupReport
 from serve.config import Config, host_port
@@ -31,7 +32,7 @@ from serve.http.servers import bind_socket, run_servers
 from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
-from serve.store.layouts import scan_store
+from serve.store.layouts import recognise, scan_store
 from serve.store.ovms_watch import OvmsConfigWatcher
 from serve.store.watcher import StoreWatcher
 from serve.wire.errors import ServeError
@@ -411,10 +412,15 @@ class Server:
 
 
 def expand_models(
-    specs: list[str], model_store: str | None, report: StartupReport | None = None
+    specs: list[str],
+    model_store: str | None,
+    report: StartupReport | None = None,
+    *,
+    archives_only: bool = False,
 ) -> list[str]:
     """``--models`` entries as ``name=url`` or ``url``; ``all`` means every model in the store
-    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files).
+    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files;
+    ``archives_only``: archives alone, for the Ray adapter, which opens archives itself).
     The entries ``all`` skips are logged and added to ``report``, with the reason."""
     out: list[str] = []
     for spec in specs:
@@ -425,12 +431,23 @@ def expand_models(
             if not model_store:
                 continue
             listing = scan_store(Path(model_store))
+            if archives_only:
+                listing.models = [
+                    entry for entry in listing.models if _is_archive(Path(model_store) / entry)
+                ]
             out.extend(listing.models)
             for name, reason in listing.skipped:
                 logger.warning("Skipped %s in the model store: %s", name, reason)
                 if report is not None:
                     report.skipped.append((name, reason))
     return out
+
+
+def _is_archive(path: Path) -> bool:
+    try:
+        return recognise(path).kind == "archive"
+    except ArchiveError:
+        return False
 
 
 class ListenError(OSError):
