@@ -140,6 +140,11 @@ class Server:
         sockets = self._bind()
         self.tls = _server_tls(self.config, self.work_dir)
         apps = self.apps()
+        # Triton Python backend models call other models (BLS) through this server's OIP route.
+        self.registry.bls = {
+            "url": self.addresses["inference"],
+            "key_file": str(self.state.auth.key_file) if self.state.auth else None,
+        }
         grpc_servers = await self._start_grpc()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
         tls = [self.tls if self.addresses[name].startswith("https:") else None for name in sockets]

@@ -53,7 +53,28 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 model_warmup [ { name: "w" batch_size: 2 count: 2 inputs { key: "INPUT__0" value: {
   data_type: TYPE_FP32 dims: [ 3 ] random_data: true } } } ]
 """
-READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre"]
+READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre", "bls"]
+# BLS: a Python backend model that asks another model of the server (bare: x * 7).
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x")
+            target = "nope" if (x.as_numpy() < 0).any() else "bare"
+            inner = pb_utils.InferenceRequest(
+                model_name=target, inputs=[x], requested_output_names=["y"]
+            ).exec()
+            if inner.has_error():
+                responses.append(pb_utils.InferenceResponse(error=inner.error()))
+                continue
+            y = pb_utils.get_output_tensor_by_name(inner, "y").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)]))
+        return responses
+"""
 PYTHON_CONFIG = """
 backend: "python"
 max_batch_size: 4
@@ -141,6 +162,9 @@ def _store(root: Path) -> Path:
     (store / "pre" / "config.pbtxt").write_text(PYTHON_CONFIG)
     (store / "pre" / "1" / "model.py").write_text(PYTHON_MODEL)
     (store / "pre" / "1" / "helper.py").write_text("OFFSET = 100\n")
+    (store / "bls" / "1").mkdir(parents=True)
+    (store / "bls" / "config.pbtxt").write_text(PYTHON_CONFIG)
+    (store / "bls" / "1" / "model.py").write_text(BLS_MODEL)
     (store / "badinit" / "1").mkdir(parents=True)
     (store / "badinit" / "config.pbtxt").write_text('backend: "python"')
     (store / "badinit" / "1" / "model.py").write_text(
@@ -337,6 +361,14 @@ def test_python_backend_model_runs_unchanged(
     np.testing.assert_array_equal(grpc.infer("pre", [_grpc_input(x)]).as_numpy("y"), x + 100)
     with pytest.raises(InferenceServerException, match="negative input"):
         http.infer("pre", [_http_input(-x, False)])
+
+
+def test_python_backend_bls_calls_another_model(http: thttp.InferenceServerClient) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = http.infer("bls", [_http_input(x, True)]).as_numpy("y")
+    np.testing.assert_array_equal(result, x * 7 + 1)
+    with pytest.raises(InferenceServerException, match="Model not found: nope"):
+        http.infer("bls", [_http_input(-x - 1, True)])
 
 
 def test_torchscript_model(server: LanternServer, http: thttp.InferenceServerClient) -> None:
