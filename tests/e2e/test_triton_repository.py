@@ -371,6 +371,29 @@ def test_python_backend_bls_calls_another_model(http: thttp.InferenceServerClien
         http.infer("bls", [_http_input(-x - 1, True)])
 
 
+def test_stream_infer_over_grpc(server: LanternServer) -> None:
+    """ModelStreamInfer (tritonclient's streaming API): one answer per request, in order; an
+    error answered in band while the stream goes on."""
+    import queue
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = tgrpc.InferenceServerClient(server.grpc_inference)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        x = np.ones((1, 4), dtype=np.float32)
+        client.async_stream_infer("bare", [_grpc_input(x)], request_id="1")
+        client.async_stream_infer("nope", [_grpc_input(x)], request_id="2")
+        client.async_stream_infer("scale", [_grpc_input(x)], model_version="1", request_id="3")
+        first, second, third = (answers.get(timeout=60) for _ in range(3))
+    finally:
+        client.stop_stream()
+        client.close()
+    np.testing.assert_array_equal(first[0].as_numpy("y"), x * 7)
+    assert first[0].get_response().id == "1"
+    assert second[0] is None and "Model not found: nope" in str(second[1])
+    np.testing.assert_array_equal(third[0].as_numpy("y"), x * 2)
+
+
 def test_torchscript_model(server: LanternServer, http: thttp.InferenceServerClient) -> None:
     # config.pbtxt's model_warmup ran through the worker before it took traffic
     console = (server.workdir / "console.log").read_text(errors="replace")
