@@ -41,6 +41,8 @@ class TritonPythonHandler:
         path = os.path.join(model_dir, manifest.get("serializedFile") or "model.py")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.config = dict(yaml_config.get("tritonConfig") or {"name": context.model_name})
+        shim = importlib.import_module("triton_python_backend_utils")
+        shim.configure_bls(yaml_config.get("bls"))
         try:
             module = import_file(path, "triton_python_model")
         except Exception as exc:

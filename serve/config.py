@@ -126,9 +126,10 @@ class Config:
     install_py_dep_per_model: bool = False
     # Model updates (docs/model-updates.md): a watched store, version policies, admission.
     watch_model_store: bool = False
-    # Triton's --model-control-mode: "" (Lantern's: enable_model_api and watch_model_store
-    # decide), none (no load/unload), poll (the watched store), explicit (load/unload on).
-    model_control_mode: str = ""
+    # Triton's --model-control-mode: none (the default: enable_model_api and watch_model_store
+    # decide, both off as in Triton's none), poll (the watched store; load/unload refused),
+    # explicit (load/unload on: it sets enable_model_api).
+    model_control_mode: str | None = None
     # OpenVINO Model Server's config.json (model_config_list): served, and re-read when it changes.
     ovms_config: str | None = None
     watch_interval: float = 2.0  # seconds between scans of the model store
@@ -251,7 +252,7 @@ class Config:
             raise ConfigError("Config 'max_header_size' must be at least 1024 bytes")
         if str(self.metrics_mode).lower() not in ("prometheus", "log", "legacy"):
             raise ConfigError("Config 'metrics_mode' must be 'prometheus', 'log' or 'legacy'")
-        if self.model_control_mode not in ("", "none", "poll", "explicit"):
+        if self.model_control_mode not in (None, "poll", "explicit"):
             raise ConfigError("Config 'model_control_mode' must be 'none', 'poll' or 'explicit'")
         if self.watch_model_store and not self.model_store:
             raise ConfigError("Config 'watch_model_store' needs a model_store to watch")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from archiver import ArchiveError
 from serve import __version__
 from serve.cli.startup_report import StartupReport
 from serve.config import Config, host_port
@@ -32,7 +33,7 @@ from serve.http.servers import bind_socket, run_servers
 from serve.metrics.collectors import UpdateCollector
 from serve.metrics.config import load_policy
 from serve.metrics.prometheus import ServerMetrics
-from serve.store.layouts import scan_store
+from serve.store.layouts import recognise, scan_store
 from serve.store.ovms_watch import OvmsConfigWatcher
 from serve.store.tfs_batching import BatchingError, read_batching
 from serve.store.tfs_config import (
@@ -152,6 +153,11 @@ class Server:
         sockets = self._bind()
         self.tls = _server_tls(self.config, self.work_dir)
         apps = self.apps()
+        # Triton Python backend models call other models (BLS) through this server's OIP route.
+        self.registry.bls = {
+            "url": self.addresses["inference"],
+            "key_file": str(self.state.auth.key_file) if self.state.auth else None,
+        }
         grpc_servers = await self._start_grpc()
         bindings = [(apps[name], sock) for name, sock in sockets.items()]
         tls = [self.tls if self.addresses[name].startswith("https:") else None for name in sockets]
@@ -471,10 +477,15 @@ class Server:
 
 
 def expand_models(
-    specs: list[str], model_store: str | None, report: StartupReport | None = None
+    specs: list[str],
+    model_store: str | None,
+    report: StartupReport | None = None,
+    *,
+    archives_only: bool = False,
 ) -> list[str]:
     """``--models`` entries as ``name=url`` or ``url``; ``all`` means every model in the store
-    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files).
+    (`serve.store.layouts.scan_store`: archives, Triton and OVMS folders, bare model files;
+    ``archives_only``: archives alone, for the Ray adapter, which opens archives itself).
     The entries ``all`` skips are logged and added to ``report``, with the reason."""
     out: list[str] = []
     for spec in specs:
@@ -485,12 +496,23 @@ def expand_models(
             if not model_store:
                 continue
             listing = scan_store(Path(model_store))
+            if archives_only:
+                listing.models = [
+                    entry for entry in listing.models if _is_archive(Path(model_store) / entry)
+                ]
             out.extend(listing.models)
             for name, reason in listing.skipped:
                 logger.warning("Skipped %s in the model store: %s", name, reason)
                 if report is not None:
                     report.skipped.append((name, reason))
     return out
+
+
+def _is_archive(path: Path) -> bool:
+    try:
+        return recognise(path).kind == "archive"
+    except ArchiveError:
+        return False
 
 
 class ListenError(OSError):

@@ -6,12 +6,18 @@ Covered: `Tensor` (``name``, ``as_numpy``, ``from_dlpack`` for numpy-convertible
 `InferenceResponse` (``output_tensors``, ``has_error``, ``error``), `TritonError`,
 `TritonModelException`, `get_input_tensor_by_name`, `get_output_tensor_by_name`,
 `get_input_config_by_name`, `get_output_config_by_name`, `triton_string_to_numpy`,
-`numpy_to_triton_string`. Not covered: BLS (``InferenceRequest.exec`` raises `TritonModelException`
-saying so), decoupled response senders, GPU tensors (``to_dlpack`` gives numpy's DLPack capsule).
+`numpy_to_triton_string`, and BLS: ``InferenceRequest.exec()`` runs the request on another model
+of the server through its Open Inference Protocol route (JSON over loopback HTTP, the inference
+token from the server's key file), so the call takes the registry's batching and workers; an
+error answer comes back as the response's error. Not covered: ``async_exec`` concurrency (it
+runs the call in turn), decoupled response senders, GPU tensors.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -31,6 +37,73 @@ _TRITON_TO_NUMPY: dict[str, Any] = {
     "TYPE_FP64": np.float64,
     "TYPE_STRING": np.object_,
 }
+
+
+# BLS: where the server answers (set by handlers/triton_python.py from the model's config).
+_BLS: dict[str, Any] = {}
+_BLS_TIMEOUT = 120.0
+_OIP_DTYPES = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+def configure_bls(settings: Any) -> None:
+    """``{"url": inference address, "key_file": token file or None}``, or None (no BLS)."""
+    _BLS.clear()
+    if isinstance(settings, dict):
+        _BLS.update(settings)
+
+
+def _inference_token() -> str | None:
+    key_file = _BLS.get("key_file")
+    if not key_file:
+        return None
+    try:
+        with open(key_file, encoding="utf-8") as f:
+            return str(json.load(f)["inference"]["key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tensor_json(tensor: Tensor) -> dict[str, Any]:
+    array = tensor.as_numpy()
+    if array.dtype == object or array.dtype.kind in "SU":
+        values = [v.decode() if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+        return {"name": tensor.name(), "datatype": "BYTES", "shape": list(array.shape),
+                "data": values}  # fmt: skip
+    datatype = next((k for k, v in _OIP_DTYPES.items() if np.dtype(v) == array.dtype), "FP32")
+    return {
+        "name": tensor.name(),
+        "datatype": datatype,
+        "shape": list(array.shape),
+        "data": array.reshape(-1).tolist(),
+    }
+
+
+def _tensor_of(output: dict[str, Any]) -> Tensor:
+    datatype = str(output.get("datatype", ""))
+    shape = [int(d) for d in output.get("shape", [])]
+    dtype = _OIP_DTYPES.get(datatype, np.object_)
+    array: np.ndarray = np.array(output.get("data", []), dtype=dtype).reshape(shape)
+    return Tensor(str(output.get("name", "")), array)
+
+
+def _error_text(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.read())["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"BLS call failed: HTTP {exc.code}"
 
 
 class TritonError(Exception):
@@ -129,10 +202,30 @@ class InferenceRequest:
         return False
 
     def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS (InferenceRequest.exec) is not supported by Lantern's Python backend yet; "
-            "chain models with a Lantern workflow instead"
+        """BLS: run this request on another model of the server, through its OIP route (and so
+        its registry, batching and workers). An error comes back as the response's error."""
+        if _BLS.get("url") is None:
+            raise TritonModelException("BLS needs the server's inference address; none was given")
+        version = "" if self._model_version in (-1, "", None) else str(self._model_version)
+        path = f"/v2/models/{self._model_name}" + (f"/versions/{version}" if version else "")
+        body: dict[str, Any] = {"inputs": [_tensor_json(t) for t in self._inputs]}
+        if self._outputs:
+            body["outputs"] = [{"name": name} for name in self._outputs]
+        headers = {"Content-Type": "application/json"}
+        token = _inference_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(
+            f"{_BLS['url']}{path}/infer", json.dumps(body).encode(), headers, method="POST"
         )
+        try:
+            with urllib.request.urlopen(request, timeout=_BLS_TIMEOUT) as answer:
+                data = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return InferenceResponse(error=TritonError(_error_text(exc), TritonError.INTERNAL))
+        except (OSError, ValueError) as exc:
+            return InferenceResponse(error=TritonError(f"BLS call failed: {exc}"))
+        return InferenceResponse(output_tensors=[_tensor_of(o) for o in data.get("outputs", [])])
 
     async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
         return self.exec(*args, **kwargs)

@@ -176,7 +176,7 @@ def main() -> None:
     "--model-control-mode",
     type=click.Choice(["none", "poll", "explicit"]),
     default=None,
-    help="Triton's: none (no load/unload), poll (= --watch), explicit (= --enable-model-api).",
+    help="Triton's: none (the default), poll (= --watch), explicit (= --enable-model-api).",
 )
 @click.option(
     "--ovms-config",

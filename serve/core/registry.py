@@ -132,6 +132,9 @@ class Registry:
         # model -> the line naming what of its config.pbtxt Lantern does not honour (startup
         # report, once per model)
         self.notes: dict[str, str] = {}
+        # Where a Triton Python backend model sends its BLS calls: {"url", "key_file"} (the
+        # server sets it once bound; the models get it in their config as ``bls``).
+        self.bls: dict[str, str | None] | None = None
         # Memory admission's promises (see `_admit_host`): what one worker of a version was
         # admitted with, and the worker counts admitted that are not (all) started yet.
         self._per_worker: dict[tuple[str, str], int] = {}
@@ -258,6 +261,8 @@ class Registry:
             # The full reason names the store's paths: it goes to the log, the client gets less.
             logger.warning("Refused model archive %s: %s", url, exc)
             raise BadRequest(f"Invalid model archive {url}: {client_message(str(exc))}") from exc
+        if archive.handler == "triton_python" and self.bls is not None:
+            archive.model_config["bls"] = dict(self.bls)
         try:
             check_supported_settings({**archive.model_config, **(options.get("settings") or {})})
             dependency_path = await self._install_dependencies(name, archive, dest)

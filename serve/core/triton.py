@@ -26,9 +26,6 @@ from serve.store.version_policy import sort_versions
 from serve.wire.errors import BadRequest, MethodNotAllowed, ModelNotFound
 
 POLL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"
-NONE_REFUSED = (
-    "explicit model load / unload is not allowed: the server runs with --model-control-mode none"
-)
 
 
 # ----- model configuration ---------------------------------------------------------------------
@@ -119,8 +116,9 @@ def output_labels(model: ModelVersion) -> dict[str, list[str]]:
 # ----- repository index ------------------------------------------------------------------------
 
 
-def repository_index(registry: Registry, ready_only: bool) -> list[dict[str, Any]]:
-    """Every model in the store (loaded or not) and every registered version, with its state."""
+async def repository_index(registry: Registry, ready_only: bool) -> list[dict[str, Any]]:
+    """Every model in the store (loaded or not) and every registered version, with its state.
+    The store is read in a thread; the registry on the loop that owns it."""
     rows: list[dict[str, Any]] = []
     listed: set[str] = set()
     for name, entry in sorted(registry.models.items()):
@@ -135,7 +133,7 @@ def repository_index(registry: Registry, ready_only: bool) -> list[dict[str, Any
             else:
                 state, reason = "LOADING", ""
             rows.append({"name": name, "version": version, "state": state, "reason": reason})
-    for name, reason in _store_models(registry):
+    for name, reason in await asyncio.to_thread(_store_models, registry.config.model_store):
         if name not in listed:
             rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason})
     if ready_only:
@@ -143,8 +141,7 @@ def repository_index(registry: Registry, ready_only: bool) -> list[dict[str, Any
     return rows
 
 
-def _store_models(registry: Registry) -> list[tuple[str, str]]:
-    store = registry.config.model_store
+def _store_models(store: str | None) -> list[tuple[str, str]]:
     if not store:
         return []
     found = []
@@ -167,11 +164,10 @@ def _stem(entry: str) -> str:
 
 
 def check_model_control(config: Config) -> None:
-    """Load and unload need the model API on, and are refused while the store is polled."""
+    """Load and unload need the model API on (off by default, as with Triton's ``none``), and
+    are refused while the store is polled."""
     if config.model_control_mode == "poll":
         raise MethodNotAllowed(POLL_REFUSED)
-    if config.model_control_mode == "none":
-        raise MethodNotAllowed(NONE_REFUSED)
     require_model_api(config)
 
 

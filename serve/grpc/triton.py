@@ -1,5 +1,6 @@
 """Triton's gRPC extensions on ``inference.GRPCInferenceService``: ModelConfig, ModelStatistics,
-RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload, with Triton's own messages
+RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload and ModelStreamInfer (one response
+per request, errors in band), with Triton's own messages
 (vendored ``grpc_service.proto``). The answers are ``serve.core.triton``'s, as over HTTP; load and
 unload take the management token, as the HTTP routes do.
 """
@@ -7,6 +8,8 @@ unload take the management token, as the HTTP routes do.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from google.protobuf import json_format
@@ -15,9 +18,11 @@ from google.protobuf.message import Message
 from serve.core import triton
 from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import grpc_service_pb2 as pb
+from serve.grpc.oip_codec import request_from_pb, response_to_pb
 from serve.http.common import ServerState
-from serve.http.protocols import model_metadata
-from serve.wire.errors import BadRequest
+from serve.http.protocols import model_metadata, run_oip
+from serve.wire import OIP, PROTOCOL_HEADER
+from serve.wire.errors import BadRequest, ServeError
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -63,7 +68,7 @@ class TritonService:
                 changes,
             ),
         }
-        return {
+        handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 wrapper.unary(f"/{service}/{name}", fn),
                 request_deserializer=decoder(request),
@@ -71,6 +76,48 @@ class TritonService:
             )
             for name, (fn, request, response, wrapper) in table.items()
         }
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            methods.stream_stream(f"/{service}/ModelStreamInfer", self.stream_infer),
+            request_deserializer=decoder(pb.ModelInferRequest),
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+        )
+        return handlers
+
+    async def stream_infer(
+        self, call: Call, requests: AsyncIterator[Any]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Triton's streaming inference: one response per request, in order; a failed request is
+        answered in band (``error_message``) and the stream goes on, as Triton does."""
+        async for request in requests:
+            started = time.perf_counter()
+            status = 500
+            name = request.model_name
+            try:
+                if not name:
+                    raise BadRequest("a model name is required")
+                model = self.registry.get(name, request.model_version or None)
+                call.label(model.name, model.version)
+                infer = request_from_pb(request)
+                headers = call.headers()
+                headers[PROTOCOL_HEADER] = OIP
+                timeout = call.timeout()
+                if infer.timeout_us:
+                    limit = infer.timeout_us / 1e6
+                    timeout = limit if timeout is None else min(timeout, limit)
+                tensors = await run_oip(model, call.request_id, headers, infer, timeout)
+                labels = triton.output_labels(model)
+                answer = response_to_pb(pb, infer, model.name, model.version, tensors, labels)
+                status = 200
+                yield pb.ModelStreamInferResponse(infer_response=answer)
+            except ServeError as err:
+                status = err.status_code
+                yield pb.ModelStreamInferResponse(error_message=err.message)
+            finally:
+                if name:
+                    self.state.metrics.request_done(
+                        name, request.model_version or "default", status,
+                        time.perf_counter() - started,
+                    )  # fmt: skip
 
     async def model_config(self, call: Call, request: Any) -> Any:
         model = self.registry.get(request.name, request.version or None)
@@ -93,7 +140,7 @@ class TritonService:
         return response
 
     async def index(self, call: Call, request: Any) -> Any:
-        rows = triton.repository_index(self.registry, bool(request.ready))
+        rows = await triton.repository_index(self.registry, bool(request.ready))
         response = pb.RepositoryIndexResponse()
         json_format.ParseDict({"models": rows}, response)
         return response

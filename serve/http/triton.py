@@ -5,7 +5,7 @@
   state (body ``{"ready": true}`` lists only the ready ones).
 - ``POST /v2/repository/models/{m}/load`` (body ``{"parameters": {"config": "<JSON>"}}`` to
   override config.pbtxt) and ``.../unload``: the management API's register and unregister, behind
-  ``enable_model_api`` and the management token, refused with ``--model-control-mode poll|none``.
+  ``enable_model_api`` and the management token, refused with ``--model-control-mode poll``.
 - ``GET /v2/models/stats``, ``/v2/models/{m}[/versions/{v}]/stats``: ``{"model_stats": [...]}``.
 
 Errors are ``{"error": "..."}`` like the rest of ``/v2``.
@@ -63,7 +63,7 @@ class _Triton:
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise BadRequest("'ready' must be a boolean")
-        return _json(triton.repository_index(self.registry, ready))
+        return _json(await triton.repository_index(self.registry, ready))
 
     @_protocol_errors
     async def load(self, request: Request) -> Response:

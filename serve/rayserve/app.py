@@ -420,7 +420,11 @@ def build_app(args: Mapping[str, Any]) -> Any:
         overrides={"model_store": str(args["model_store"])},
     )
     models = args.get("models") or ["all"]
-    specs = expand_models([models] if isinstance(models, str) else list(models), config.model_store)
+    specs = expand_models(
+        [models] if isinstance(models, str) else list(models),
+        config.model_store,
+        archives_only=True,
+    )
     if not specs:
         raise BadRequest(f"No models to deploy from {config.model_store}")
     store = Path(config.model_store or ".").resolve()

@@ -12,8 +12,8 @@ Layouts (`RECOGNISERS`, tried in order; the first that claims a path wins):
   and version folders ``1/``, ``2/``...) and OVMS's / TF Serving's tree (``<name>/<version>/``).
   Each version folder holds an archive (file or unpacked) or a model file found by `MODEL_FILES`:
   ``default_model_filename`` from config.pbtxt first, then Triton's names (``model.onnx``, a file
-  or a folder; ``model.pt``; ``model.xml`` + ``model.bin``), then any one model file (OVMS names
-  them freely).
+  or a folder; ``model.pt``; ``model.xml`` + ``model.bin``; ``model.py``, Triton's Python
+  backend), then any one model file (OVMS names them freely; never a ``.py``).
 - ``file``: a bare model file (``.onnx``, ``.pt``, ``.xml`` with its ``.bin``), or a folder that
   holds one directly: version ``1``.
 
@@ -26,17 +26,22 @@ API:
   else those the layout's version policy serves (Triton's default: the latest one).
 - `open_version(layout, version, dest)` → the `ModelArchive` to start. Archives are extracted
   safely into ``dest`` (`archiver.open_archive`); a model file becomes an *implicit archive*:
-  ``dest`` gets links to its files and a manifest naming the built-in ``base_handler``, so the
-  worker's tensor path serves it with inputs and outputs read from the file.
+  ``dest`` gets links to its files and a manifest naming the built-in ``base_handler`` (for
+  ``model.py``: ``triton_python``, and the whole version folder is linked), so the worker's
+  tensor path serves it with inputs and outputs read from the file. The mapped config
+  (`serve.store.triton_config`) is the archive's model config; ``tritonConfig`` in it keeps
+  config.pbtxt itself for the model configuration API.
+- `ModelLayout.override_config(json)`: Triton's load API's configuration in place of the file.
 - `ModelLayout.apply_overlay(Overlay)`: settings given from outside the folder (OVMS's
   config.json, `serve.store.ovms_config`) laid over the layout's.
 - `scan_store(store)` → `StoreListing`: the names ``--models all`` loads, and every entry skipped
   with its reason (``serve start`` prints them).
 
-Plugging in a format: add a `ModelFile` to `MODEL_FILES` (a file or folder name pattern, the
-platform it reports, the handler that loads it), or a recogniser (``Path -> ModelLayout | None``,
-raising `LayoutError` for a broken one) to `RECOGNISERS` with `add_recogniser`; a recogniser that
-builds its own archives sets `ModelLayout.opener`.
+Plugging in a format: add a `ModelFile` to `MODEL_FILES` (a file or folder suffix, the platform
+it reports, the handler that loads it, whether any name will do, whether it may be a folder; e.g.
+a SavedModel folder ``model.savedmodel`` with a ``tensorflow`` handler), or a recogniser
+(``Path -> ModelLayout | None``, raising `LayoutError` for a broken one) to `RECOGNISERS` with
+`add_recogniser`; a recogniser that builds its own archives sets `ModelLayout.opener`.
 """
 
 from __future__ import annotations
@@ -98,13 +103,15 @@ class ModelFile:
     triton_name: str | None = None  # Triton's default file name for it
     any_name: bool = True  # found under any name (OVMS); False: only as ``triton_name``
     whole_folder: bool = False  # the version folder's other files are served beside it
+    folder: bool = False  # may be a folder (``model.onnx/``, a SavedModel's ``model.savedmodel/``)
+    inner_file: bool = False  # a folder holds the model as a file of its own name (ONNX's)
 
     def companion_of(self, path: Path) -> Path | None:
         return path.with_suffix(self.companion) if self.companion else None
 
 
 MODEL_FILES: list[ModelFile] = [
-    ModelFile(".onnx", "onnxruntime_onnx", triton_name="model.onnx"),
+    ModelFile(".onnx", "onnxruntime_onnx", triton_name="model.onnx", folder=True, inner_file=True),
     ModelFile(".pt", "pytorch_libtorch", triton_name="model.pt"),
     ModelFile(".xml", "openvino", companion=".bin", triton_name="model.xml"),
     # Triton's Python backend: model.py with class TritonPythonModel (handlers/triton_python.py)
@@ -327,9 +334,7 @@ def _model_in(folder: Path, default_name: str) -> Version | None:
 
 def _format_of(path: Path) -> ModelFile | None:
     for model_file in MODEL_FILES:
-        if path.name.endswith(model_file.suffix) and (
-            path.is_file() or model_file.suffix == ".onnx"
-        ):
+        if path.name.endswith(model_file.suffix) and (path.is_file() or model_file.folder):
             return model_file
     return None
 
@@ -349,10 +354,10 @@ def _implicit_archive(
     model_file = entry.model_file
     assert model_file is not None
     source = entry.path
-    if source.is_dir():  # Triton's model.onnx folder: the graph inside, beside its external data
-        inner = source / source.name
-        if not inner.is_file():
-            raise LayoutError(f"{source}: a model.onnx folder must hold a file named {source.name}")
+    inner = source.is_dir() and model_file.inner_file
+    if inner and not (source / source.name).is_file():
+        # Triton's model.onnx folder: the graph inside, beside its external data
+        raise LayoutError(f"{source}: a {source.name} folder must hold a file named {source.name}")
     companion = model_file.companion_of(source)
     if companion is not None and not companion.is_file():
         raise LayoutError(f"{source}: its weights file {companion.name} is missing")
@@ -368,9 +373,7 @@ def _implicit_archive(
                 links.append(label_path)
         for item in links:
             _link(item, dest / item.name)
-        serialized = source.name
-        if source.is_dir():
-            serialized = f"{source.name}/{source.name}"
+        serialized = f"{source.name}/{source.name}" if inner else source.name
         manifest = {
             "runtime": "python",
             "model": {

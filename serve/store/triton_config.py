@@ -18,7 +18,9 @@ Mapping (Triton → Lantern):
 - ``version_policy``: ``versionPolicy`` (latest n / all / specific).
 - ``input``/``output``: ``metadata.inputs``/``outputs`` (name, datatype, dims, ``reshape``);
   ``label_filename`` is kept for the classification extension.
-- ``model_warmup`` is not honoured yet (named in the startup line, as every field not mapped).
+- ``model_warmup``: ``tritonWarmup``, samples of zeros or random data (``zero_data``,
+  ``random_data``) each worker runs through the tensor path before it takes traffic
+  (``serve/worker/warmup.py``); ``input_data_file`` is not honoured.
 - ``parameters``: ``parameters`` (string values, as Triton passes them to backends).
 """
 
@@ -61,6 +63,7 @@ _HONOURED = frozenset(
         "output",
         "parameters",
         "default_model_filename",
+        "model_warmup",
     }
 )
 _DYNAMIC_HONOURED = frozenset(
@@ -142,6 +145,10 @@ def map_config(config: mc.ModelConfig, where: str) -> MappedConfig:
     _map_instances(config, settings, out.not_honoured)
     if config.HasField("version_policy"):
         settings["versionPolicy"] = _policy(config.version_policy)
+    if config.model_warmup:
+        settings["tritonWarmup"] = [
+            _warmup(w, batching, where, out.not_honoured) for w in config.model_warmup
+        ]
     if config.parameters:
         settings["parameters"] = {k: v.string_value for k, v in config.parameters.items()}
     return out
@@ -224,3 +231,24 @@ def _policy(policy: mc.ModelVersionPolicy) -> dict[str, Any] | str:
     if which == "specific":
         return {"specific": [str(v) for v in policy.specific.versions]}
     return {"latest": max(1, int(policy.latest.num_versions))}
+
+
+def _warmup(
+    warmup: mc.ModelWarmup, batching: bool, where: str, skipped: list[str]
+) -> dict[str, Any]:
+    """One warm-up request: ``{"name", "inputs": {name: {"datatype", "shape", "random"}}}``."""
+    inputs: dict[str, Any] = {}
+    for name, spec in warmup.inputs.items():
+        datatype = _DATATYPES.get(mc.DataType.Name(spec.data_type), "")
+        if not datatype:
+            raise LayoutError(f"{where}: model_warmup {warmup.name!r} input {name!r} has no type")
+        source = spec.WhichOneof("input_data_type")
+        if source == "input_data_file":
+            skipped.append("model_warmup.input_data_file")
+        lead = [max(1, warmup.batch_size)] if batching else []
+        inputs[name] = {
+            "datatype": datatype,
+            "shape": lead + [int(d) for d in spec.dims],
+            "random": source == "random_data",
+        }
+    return {"name": warmup.name, "inputs": inputs, "count": max(1, warmup.count)}

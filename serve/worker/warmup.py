@@ -5,7 +5,8 @@ file's extension), and the ``warmup`` list of ``model-config.yaml``, whose entri
 ``{file: warmup/cat.jpg, contentType: image/jpeg}`` or ``{body: ..., contentType: ...}`` (a
 mapping or list body is sent as JSON). They are sent at every batch size from 1 to the model's
 ``batchSize`` (or the sizes in ``warmupBatchSizes``), each sample leading one batch per size.
-Any error answer fails the warm-up, and with it the worker's start.
+Any error answer fails the warm-up, and with it the worker's start. Triton's ``model_warmup``
+(config.pbtxt, mapped to ``tritonWarmup``) adds tensor requests of zeros or random data.
 """
 
 from __future__ import annotations
@@ -109,6 +110,39 @@ def warmup_frames(samples: Sequence[Sample], sizes: Sequence[int]) -> list[Frame
     return frames
 
 
+def triton_frames(entries: Sequence[dict[str, Any]]) -> list[Frame]:
+    """config.pbtxt's ``model_warmup`` (as ``tritonWarmup``): each sample ``count`` times, one
+    request a batch, as tensors on the Open Inference Protocol path."""
+    import numpy as np
+
+    from serve.wire import OIP, PROTOCOL_HEADER
+    from serve.wire.tensor_params import tensor_content_type
+    from serve.wire.tensors import NUMPY_DTYPES
+
+    frames = []
+    rng = np.random.default_rng(0)
+    for index, entry in enumerate(entries):
+        params: list[tuple[str, str | None, bytes]] = []
+        for name, spec in (entry.get("inputs") or {}).items():
+            datatype, shape = str(spec["datatype"]), [int(d) for d in spec["shape"]]
+            if datatype == "BYTES":
+                raw = b"".join(len(b"").to_bytes(4, "little") for _ in range(int(np.prod(shape))))
+            else:
+                dtype = NUMPY_DTYPES[datatype]
+                array = (
+                    rng.random(shape).astype(dtype)
+                    if spec.get("random")
+                    else np.zeros(shape, dtype)
+                )
+                raw = array.tobytes()
+            params.append((name, tensor_content_type(datatype, shape), raw))
+        for n in range(int(entry.get("count", 1))):
+            headers = {PROTOCOL_HEADER: OIP}
+            item = PredictItem(f"warmup-{entry.get('name') or index}-{n}", headers, params)
+            frames.append(encode_predict(0, [item]))
+    return frames
+
+
 def run_warmup(
     service: Any,
     context: Any,
@@ -121,12 +155,13 @@ def run_warmup(
     """
     model_config = spec.model_yaml_config
     samples = load_samples(spec.model_dir, model_config)
-    if not samples:
+    tensor_frames = triton_frames(model_config.get("tritonWarmup") or [])
+    if not samples and not tensor_frames:
         return {"requests": 0, "batches": 0, "seconds": 0.0}
     sizes = batch_sizes(spec.batch_size or 1, model_config.get("warmupBatchSizes"))
     decode = spec.decode_input_request
     started = time.perf_counter()
-    frames = warmup_frames(samples, sizes)
+    frames = (warmup_frames(samples, sizes) if samples else []) + tensor_frames
     requests = 0
     for frame in frames:
         result = decode_result(run_batch(service, context, frame, decode))

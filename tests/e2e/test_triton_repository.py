@@ -50,8 +50,31 @@ platform: "pytorch_libtorch"
 max_batch_size: 4
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+model_warmup [ { name: "w" batch_size: 2 count: 2 inputs { key: "INPUT__0" value: {
+  data_type: TYPE_FP32 dims: [ 3 ] random_data: true } } } ]
 """
-READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre"]
+READY = ["scale", "multi", "script", "ovms", "bare", "ir", "pre", "bls"]
+# BLS: a Python backend model that asks another model of the server (bare: x * 7).
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x")
+            target = "nope" if (x.as_numpy() < 0).any() else "bare"
+            inner = pb_utils.InferenceRequest(
+                model_name=target, inputs=[x], requested_output_names=["y"]
+            ).exec()
+            if inner.has_error():
+                responses.append(pb_utils.InferenceResponse(error=inner.error()))
+                continue
+            y = pb_utils.get_output_tensor_by_name(inner, "y").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)]))
+        return responses
+"""
 PYTHON_CONFIG = """
 backend: "python"
 max_batch_size: 4
@@ -139,6 +162,9 @@ def _store(root: Path) -> Path:
     (store / "pre" / "config.pbtxt").write_text(PYTHON_CONFIG)
     (store / "pre" / "1" / "model.py").write_text(PYTHON_MODEL)
     (store / "pre" / "1" / "helper.py").write_text("OFFSET = 100\n")
+    (store / "bls" / "1").mkdir(parents=True)
+    (store / "bls" / "config.pbtxt").write_text(PYTHON_CONFIG)
+    (store / "bls" / "1" / "model.py").write_text(BLS_MODEL)
     (store / "badinit" / "1").mkdir(parents=True)
     (store / "badinit" / "config.pbtxt").write_text('backend: "python"')
     (store / "badinit" / "1" / "model.py").write_text(
@@ -337,7 +363,41 @@ def test_python_backend_model_runs_unchanged(
         http.infer("pre", [_http_input(-x, False)])
 
 
-def test_torchscript_model(http: thttp.InferenceServerClient) -> None:
+def test_python_backend_bls_calls_another_model(http: thttp.InferenceServerClient) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = http.infer("bls", [_http_input(x, True)]).as_numpy("y")
+    np.testing.assert_array_equal(result, x * 7 + 1)
+    with pytest.raises(InferenceServerException, match="Model not found: nope"):
+        http.infer("bls", [_http_input(-x - 1, True)])
+
+
+def test_stream_infer_over_grpc(server: LanternServer) -> None:
+    """ModelStreamInfer (tritonclient's streaming API): one answer per request, in order; an
+    error answered in band while the stream goes on."""
+    import queue
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = tgrpc.InferenceServerClient(server.grpc_inference)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        x = np.ones((1, 4), dtype=np.float32)
+        client.async_stream_infer("bare", [_grpc_input(x)], request_id="1")
+        client.async_stream_infer("nope", [_grpc_input(x)], request_id="2")
+        client.async_stream_infer("scale", [_grpc_input(x)], model_version="1", request_id="3")
+        first, second, third = (answers.get(timeout=60) for _ in range(3))
+    finally:
+        client.stop_stream()
+        client.close()
+    np.testing.assert_array_equal(first[0].as_numpy("y"), x * 7)
+    assert first[0].get_response().id == "1"
+    assert second[0] is None and "Model not found: nope" in str(second[1])
+    np.testing.assert_array_equal(third[0].as_numpy("y"), x * 2)
+
+
+def test_torchscript_model(server: LanternServer, http: thttp.InferenceServerClient) -> None:
+    # config.pbtxt's model_warmup ran through the worker before it took traffic
+    console = (server.workdir / "console.log").read_text(errors="replace")
+    assert "[script 1 script_1-w0] Warm-up: 2 requests in 2 batches" in console
     x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
     result = http.infer("script", [_http_input(x, True, "INPUT__0")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x * 2 + 1)
@@ -466,3 +526,22 @@ def test_serve_start_says_what_it_skipped_and_that_nothing_loaded(tmp_path: Path
                 )
         finally:
             assert serve("stop", "--pid-file", str(state)).returncode == 0
+
+
+def test_register_a_bare_model_file_over_the_management_api(
+    server: LanternServer, http: thttp.InferenceServerClient
+) -> None:
+    """``POST /models?url=`` takes a bare model file as it takes an archive."""
+    import httpx
+
+    answer = httpx.post(
+        f"{server.management}/models",
+        params={"url": "bare.onnx", "model_name": "bare2", "initial_workers": 1},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    x = np.ones((1, 4), dtype=np.float32)
+    np.testing.assert_array_equal(http.infer("bare2", [_http_input(x, True)]).as_numpy("y"), x * 7)
+    junk = httpx.post(f"{server.management}/models", params={"url": "junk"}, timeout=60)
+    assert junk.status_code == 400 and "not a model folder" in junk.json()["message"]
+    assert httpx.delete(f"{server.management}/models/bare2", timeout=60).status_code == 200

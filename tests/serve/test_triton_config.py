@@ -18,6 +18,8 @@ from serve.store.triton_config import (
     map_config,
     parse_config_text,
 )
+from serve.wire import OIP, PROTOCOL_HEADER
+from serve.worker.warmup import triton_frames
 
 
 def mapped(text: str) -> tuple[dict[str, Any], list[str]]:
@@ -98,6 +100,23 @@ def test_tensors(text: str, inputs: list[dict[str, Any]]) -> None:
     assert settings["metadata"]["inputs"] == inputs
 
 
+def test_warmup_samples() -> None:
+    settings, named = mapped(
+        "max_batch_size: 4 model_warmup [ { name: 'w' batch_size: 2 count: 3 inputs { key: 'x' "
+        "value: { data_type: TYPE_FP32 dims: [ 5 ] random_data: true } } } ]"
+    )
+    assert settings["tritonWarmup"] == [
+        {
+            "name": "w",
+            "count": 3,
+            "inputs": {"x": {"datatype": "FP32", "shape": [2, 5], "random": True}},
+        }
+    ]
+    assert named == []
+    frames = triton_frames(settings["tritonWarmup"])
+    assert len(frames) == 3 and frames[0].meta["requests"][0]["headers"] == {PROTOCOL_HEADER: OIP}
+
+
 def test_platform_from_backend_and_labels() -> None:
     settings, _ = mapped(
         'backend: "onnxruntime" output [ { name: "p" data_type: TYPE_FP32 dims: [ 3 ] '
@@ -112,7 +131,11 @@ def test_platform_from_backend_and_labels() -> None:
     [
         ("max_batch_size: 1", []),
         ("response_cache { enable: true }", ["response_cache"]),
-        ("model_warmup [ { name: 'w' batch_size: 1 } ]", ["model_warmup"]),
+        (
+            "model_warmup [ { name: 'w' inputs { key: 'x' value: { data_type: TYPE_FP32 "
+            "dims: [2] input_data_file: 'x.bin' } } } ]",
+            ["model_warmup.input_data_file"],
+        ),
         (
             "max_batch_size: 2 dynamic_batching { priority_levels: 2 preserve_ordering: true }",
             ["dynamic_batching.priority_levels", "dynamic_batching.preserve_ordering"],

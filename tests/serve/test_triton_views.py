@@ -109,3 +109,18 @@ def test_output_labels_read_from_the_model_folder(tmp_path: Path) -> None:
     archive = open_version(recognise(tmp_path / "m"), "1", tmp_path / "dest")
     source = SimpleNamespace(model_config=archive.model_config, model_dir=archive.model_dir)
     assert output_labels(cast(Any, SimpleNamespace(source=source))) == {"p": ["cat", "dog"]}
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"), [("none", None), ("", None), ("poll", "poll"), ("explicit", "explicit")]
+)
+def test_model_control_mode_values(given: str, stored: str | None) -> None:
+    config = Config.load(env={}, overrides={"model_control_mode": given})
+    assert config.model_control_mode == stored
+
+
+def test_model_control_mode_refuses_others() -> None:
+    from serve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model_control_mode"):
+        Config.load(env={}, overrides={"model_control_mode": "sometimes"})
