@@ -164,6 +164,11 @@ class ModelAdapter:
                 f"input '{name}' of shape {list(array.shape)} cannot be reshaped to {shape}"
             ) from None
 
+    def inputs_batch_first(self) -> bool:
+        """Whether every input's first dimension is dynamic (-1): a graph whose requests may be
+        concatenated along it."""
+        return all(bool(s.shape) and s.shape[0] == -1 for s in self.inputs)
+
     def apply_declared(self, config: dict[str, Any]) -> None:
         """Declared metadata wins over what was read from the model (names map by position)."""
         inputs = declared_specs(config, "inputs")
@@ -208,11 +213,11 @@ class OnnxAdapter(ModelAdapter):
         )
         self._graph_inputs = [a.name for a in session.get_inputs()]
         self._graph_outputs = [a.name for a in session.get_outputs()]
-        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+        self.batchable = self.inputs_batch_first()
 
     def apply_declared(self, config: dict[str, Any]) -> None:
         super().apply_declared(config)
-        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+        self.batchable = self.inputs_batch_first()
 
     def run(self, feeds: Feeds) -> Outputs:
         # Declared names map to graph inputs by position, so a config may rename them.
@@ -292,11 +297,11 @@ class OpenVinoAdapter(ModelAdapter):
         )
         self._graph_inputs = [s.name for s in self.inputs]
         self._graph_outputs = [s.name for s in self.outputs]
-        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+        self.batchable = self.inputs_batch_first()
 
     def apply_declared(self, config: dict[str, Any]) -> None:
         super().apply_declared(config)
-        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs)
+        self.batchable = self.inputs_batch_first()
 
     def run(self, feeds: Feeds) -> Outputs:
         names = dict(zip((s.name for s in self.inputs), self._graph_inputs, strict=False))

@@ -15,15 +15,12 @@ from typing import Any
 from google.protobuf.message import Message
 
 from serve.core.model import ModelVersion
-from serve.core.triton import output_labels
 from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import open_inference_grpc_pb2 as pb
-from serve.grpc.oip_codec import request_from_pb, response_to_pb
 from serve.grpc.triton import SERVICE as TRITON_SERVICE
-from serve.grpc.triton import TritonService
+from serve.grpc.triton import TritonService, model_infer
 from serve.http.common import ServerState
-from serve.http.protocols import SERVER_NAME, model_metadata, run_oip
-from serve.wire import OIP, PROTOCOL_HEADER
+from serve.http.protocols import SERVER_NAME, model_metadata
 from serve.wire import oip as oip_codec
 from serve.wire.errors import BadRequest, ServeError
 
@@ -106,16 +103,7 @@ class OipService:
         started = time.perf_counter()
         status = 500
         try:
-            infer = request_from_pb(request)
-            headers = call.headers()
-            headers[PROTOCOL_HEADER] = OIP
-            timeout = call.timeout()
-            if infer.timeout_us:
-                limit = infer.timeout_us / 1e6
-                timeout = limit if timeout is None else min(timeout, limit)
-            tensors = await run_oip(model, call.request_id, headers, infer, timeout)
-            labels = output_labels(model)
-            response = response_to_pb(pb, infer, model.name, model.version, tensors, labels)
+            response = await model_infer(pb, model, call, request)
             status = 200
             return response
         except ServeError as err:

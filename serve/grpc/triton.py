@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from serve.core import triton
+from serve.core.model import ModelVersion
 from serve.grpc.calls import Call, Methods, UnaryFn, decoder
 from serve.grpc.gen import grpc_service_pb2 as pb
 from serve.grpc.oip_codec import request_from_pb, response_to_pb
@@ -25,6 +26,22 @@ from serve.wire import OIP, PROTOCOL_HEADER
 from serve.wire.errors import BadRequest, ServeError
 
 SERVICE = "inference.GRPCInferenceService"
+
+
+async def model_infer(pb: Any, model: ModelVersion, call: Call, request: Any) -> Any:
+    """One ``ModelInferRequest`` (OIP's, or Triton's own messages: ``pb`` is their module)
+    through the one path, as its ``ModelInferResponse``: the call's headers and deadline, the
+    request's own ``timeout`` parameter (microseconds) where it is shorter."""
+    infer = request_from_pb(request)
+    headers = call.headers()
+    headers[PROTOCOL_HEADER] = OIP
+    timeout = call.timeout()
+    if infer.timeout_us:
+        limit = infer.timeout_us / 1e6
+        timeout = limit if timeout is None else min(timeout, limit)
+    tensors = await run_oip(model, call.request_id, headers, infer, timeout)
+    labels = triton.output_labels(model)
+    return response_to_pb(pb, infer, model.name, model.version, tensors, labels)
 
 
 class TritonService:
@@ -97,16 +114,7 @@ class TritonService:
                     raise BadRequest("a model name is required")
                 model = self.registry.get(name, request.model_version or None)
                 call.label(model.name, model.version)
-                infer = request_from_pb(request)
-                headers = call.headers()
-                headers[PROTOCOL_HEADER] = OIP
-                timeout = call.timeout()
-                if infer.timeout_us:
-                    limit = infer.timeout_us / 1e6
-                    timeout = limit if timeout is None else min(timeout, limit)
-                tensors = await run_oip(model, call.request_id, headers, infer, timeout)
-                labels = triton.output_labels(model)
-                answer = response_to_pb(pb, infer, model.name, model.version, tensors, labels)
+                answer = await model_infer(pb, model, call, request)
                 status = 200
                 yield pb.ModelStreamInferResponse(infer_response=answer)
             except ServeError as err:
