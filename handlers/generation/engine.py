@@ -382,8 +382,9 @@ class Engine:
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
     ) -> torch.Tensor:
-        """The packed forward: logits at the positions in ``keep`` (``(rows, vocab)`` in the
-        model's dtype, on its device; the inputs are there already)."""
+        """The packed forward: logits at the positions in ``keep`` (``(rows, vocab)``, float,
+        on the model's device; the inputs are there already). Float: a CPU's argmax over
+        bfloat16 took 2.6 ms a step at 32 rows of a 49k vocabulary, over float 0.4 ms."""
         with planned(plan):
             out = self.model(
                 input_ids=input_ids,
@@ -391,7 +392,7 @@ class Engine:
                 use_cache=False,
                 logits_to_keep=keep,
             )
-        return out.logits[0]
+        return out.logits[0].float()
 
     def _reuse_prefixes(self, admitted: list[Sequence]) -> None:
         """Start admitted sequences' prefills after the longest kept prefix of their prompts. A
