@@ -19,22 +19,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handlers.context import Context
 from handlers.generation import engine as engine_module
 from handlers.generation.sampling import Sampler
-from handlers.service import load_service
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import ErrorItem, ResultItem, decode_result
 from tests.fuzz.settings import examples
 from tests.serve.test_concurrent_worker import (
-    MANIFEST,
     FakeConnection,
     body,
     greedy,
     predict,
     run_in_thread,
 )
-from tests.support.generation_fixtures import save_pretrained
+from tests.support.generation_fixtures import load_tiny_service
 
 FUZZ = settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck))
 WAIT = 120
@@ -95,13 +92,7 @@ requests = st.fixed_dictionaries(
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llm")
-    save_pretrained(folder)
-    yaml_config = {"handler": {"max_running_sequences": 8, "prefill_chunk_tokens": 16}}
-    context = Context(
-        "tiny", str(folder), MANIFEST, 8, None, "0.12.0", model_yaml_config=yaml_config
-    )
-    return load_service(folder, MANIFEST, context)
+    return load_tiny_service(tmp_path_factory.mktemp("tiny-llm"), 8, 16)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from serve.wire.messages import (
     encode_predict,
 )
 from serve.worker.concurrent import CANCELLED_STATUS, AsyncLoop, EngineLoop, concurrent_loop
-from tests.support.generation_fixtures import save_pretrained
+from tests.support.generation_fixtures import load_tiny_service
 
 MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
 WAIT = 120  # seconds for one frame on a loaded machine
@@ -96,13 +96,7 @@ def run_in_thread(loop: Any, conn: FakeConnection) -> tuple[threading.Thread, li
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llm")
-    save_pretrained(folder)
-    yaml_config = {"handler": {"max_running_sequences": 4, "prefill_chunk_tokens": 8}}
-    context = Context(
-        "tiny", str(folder), MANIFEST, 4, None, "0.12.0", model_yaml_config=yaml_config
-    )
-    return load_service(folder, MANIFEST, context)
+    return load_tiny_service(tmp_path_factory.mktemp("tiny-llm"), 4, 8)
 
 
 def greedy(service, prompt: str, n: int) -> list[int]:

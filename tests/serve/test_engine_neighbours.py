@@ -15,20 +15,17 @@ from typing import Any
 
 import pytest
 
-from handlers.context import Context
 from handlers.generation.params import MAX_STOP_TOKEN_IDS
-from handlers.service import load_service
 from serve.wire.frames import Frame, MsgType
 from serve.wire.messages import ErrorItem, ResultItem, decode_result
 from serve.worker.concurrent import EngineLoop
 from tests.serve.test_concurrent_worker import (
-    MANIFEST,
     FakeConnection,
     body,
     predict,
     run_in_thread,
 )
-from tests.support.generation_fixtures import save_pretrained
+from tests.support.generation_fixtures import load_tiny_service
 
 WAIT = 120
 NEIGHBOUR_TOKENS = 60
@@ -38,13 +35,7 @@ P99_SLACK = 0.25
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llm")
-    save_pretrained(folder)
-    yaml_config = {"handler": {"max_running_sequences": 8, "prefill_chunk_tokens": 16}}
-    context = Context(
-        "tiny", str(folder), MANIFEST, 8, None, "0.12.0", model_yaml_config=yaml_config
-    )
-    return load_service(folder, MANIFEST, context)
+    return load_tiny_service(tmp_path_factory.mktemp("tiny-llm"), 8, 16)
 
 
 @pytest.fixture

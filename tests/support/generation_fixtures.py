@@ -153,3 +153,21 @@ def save_gguf(path: Path, model: Any, tokenizer: Any) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+GENERATION_MANIFEST = {"model": {"modelName": "tiny", "handler": "text_generation"}}
+
+
+def load_tiny_service(folder: Path, running: int, prefill_chunk: int) -> Any:
+    """The built-in ``text_generation`` handler loaded (in this process) over the tiny model
+    saved in ``folder``, with ``running`` slots (its batch size too) and prefill chunks of
+    ``prefill_chunk`` tokens: what a worker's engine loop drives."""
+    from handlers.context import Context
+    from handlers.service import load_service
+
+    save_pretrained(folder)
+    config = {"handler": {"max_running_sequences": running, "prefill_chunk_tokens": prefill_chunk}}
+    context = Context(
+        "tiny", str(folder), GENERATION_MANIFEST, running, None, "0.12.0", model_yaml_config=config
+    )
+    return load_service(folder, GENERATION_MANIFEST, context)
