@@ -105,11 +105,24 @@ class BatchCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store each row's new key/value ``(rows, kv_heads, head_dim)`` at its length; returns the
         layer's cache as attention reads it, ``(rows, kv_heads, width, head_dim)`` views."""
-        k, v = self.layers[layer]
-        k[self._rows, :, self._columns] = keys
-        v[self._rows, :, self._columns] = values
+        k, v = self.put(layer, self._rows, self._columns, keys, values)
         n = len(self.keys)
         return k[:n, :, : self._width], v[:n, :, : self._width]
+
+    def put(
+        self,
+        layer: int,
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``keys``/``values`` ``(n, kv_heads, head_dim)`` at ``(rows[i], columns[i])``
+        of a layer; returns the layer's whole key and value tensors."""
+        k, v = self.layers[layer]
+        k[rows, :, columns] = keys
+        v[rows, :, columns] = values
+        return k, v
 
     def advanced(self) -> None:
         """Record that a decode step wrote one position into every row."""

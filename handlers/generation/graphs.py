@@ -56,9 +56,7 @@ class FixedWrites:
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.batch.layers[layer]
-        k[self.rows, :, self.columns] = keys
-        v[self.rows, :, self.columns] = values
+        k, v = self.batch.put(layer, self.rows, self.columns, keys, values)
         size = len(self.rows)
         return k[:size], v[:size]
 
